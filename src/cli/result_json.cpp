@@ -1,0 +1,38 @@
+#include "cli/result_json.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "util/errors.h"
+#include "util/files.h"
+
+namespace sqbox::cli {
+
+std::string result_to_json(const RunResult& result) {
+    nlohmann::json record;
+    record["exit_code"] = result.exit_status;
+    record["payload_exit_code"] =
+        result.payload_exit_code ? nlohmann::json(*result.payload_exit_code) : nlohmann::json();
+    record["signal"] = result.signal ? nlohmann::json(*result.signal) : nlohmann::json();
+    record["timed_out"] = result.timed_out;
+    record["started"] = result.payload_started;
+    record["wall_ms"] = result.wall_ms;
+    record["cpu_ms"] = result.cpu_ms;
+    record["peak_rss_bytes"] = result.peak_rss_bytes;
+    record["error"] = result.error.empty() ? nlohmann::json() : nlohmann::json(result.error);
+    return record.dump() + "\n";
+}
+
+JsonResultFile::JsonResultFile(const std::string& path) : path_(path) {
+    fd_.reset(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (!fd_) throw system_error("--json " + path);
+}
+
+bool JsonResultFile::write(const RunResult& result) {
+    std::string text = result_to_json(result);
+    return write_all(fd_.get(), text.data(), text.size()) && ::fsync(fd_.get()) == 0;
+}
+
+}  // namespace sqbox::cli

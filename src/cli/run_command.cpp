@@ -1,0 +1,162 @@
+#include "cli/run_command.h"
+
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdlib>
+#include <filesystem>
+
+#include "cli/result_json.h"
+#include "image/environment_file.h"
+#include "runtime/rooted_path.h"
+#include "sqbox/sandbox.h"
+#include "util/errors.h"
+#include "util/sizes.h"
+
+namespace sqbox::cli {
+namespace {
+
+std::string canonical_host_path(const std::string& path, const std::string& what) {
+    std::error_code ec;
+    std::filesystem::path canonical = std::filesystem::canonical(path, ec);
+    if (ec) throw Error(what + ": " + path + ": " + ec.message());
+    return canonical.string();
+}
+
+std::string normalised_sandbox_path(const std::string& path, const std::string& what) {
+    if (path.empty() || path.front() != '/') {
+        throw Error(what + ": " + (path.empty() ? "empty path" : path) +
+                    " must be an absolute path inside the sandbox");
+    }
+    std::string normalised;
+    for (const auto& part : path_components(path, what)) normalised += "/" + part;
+    return normalised.empty() ? "/" : normalised;
+}
+
+std::pair<std::string, std::string> parse_env_option(const std::string& value) {
+    size_t equals = value.find('=');
+    std::string key = value.substr(0, equals);
+    if (!is_valid_variable_name(key)) {
+        throw Error("--env " + value + ": invalid variable name '" + key + "'");
+    }
+    if (equals != std::string::npos) return {key, value.substr(equals + 1)};
+    const char* from_caller = std::getenv(key.c_str());
+    if (from_caller == nullptr) return {key, std::string()};
+    return {key, from_caller};
+}
+
+}  // namespace
+
+CLI::App* add_run_subcommand(CLI::App& app, RunArguments& args) {
+    CLI::App* run = app.add_subcommand(
+        "run", "Run COMMAND in a fresh sandbox built from IMAGE (a .sqsh file or a directory)");
+    run->add_option("IMAGE", args.image, "squashfs image (.sqsh) or root filesystem directory")
+        ->required();
+    run->add_option("COMMAND", args.command, "command and arguments (after --)");
+    run->add_option("-m,--mount", args.mounts, "bind-mount a host path: SRC:DST[:ro|rw]")
+        ->type_name("SRC:DST[:MODE]");
+    run->add_option("-e,--env", args.env, "set KEY=VAL, or copy KEY from your environment")
+        ->type_name("KEY[=VAL]");
+    run->add_option("-w,--workdir", args.workdir, "working directory inside the sandbox")
+        ->capture_default_str();
+    run->add_option("--hostname", args.hostname, "hostname inside the sandbox")
+        ->capture_default_str();
+    run->add_flag("--root", args.map_root, "appear as root (uid 0) inside, as enroot --root");
+    run->add_flag("--read-only", args.read_only, "read-only root filesystem (writable /tmp)");
+    run->add_option("--tmpfs-size", args.tmpfs_size,
+                    "cap of each writable tmpfs: root layer, /tmp, /dev/shm (default 1G)")
+        ->type_name("SIZE");
+    run->add_option("--timeout", args.timeout, "wall-clock limit; exit 124 when exceeded")
+        ->type_name("SECONDS");
+    run->add_option("--cpu-time", args.cpu_time, "CPU time limit (RLIMIT_CPU)")
+        ->type_name("SECONDS");
+    run->add_option("--memory", args.memory, "address-space limit (RLIMIT_AS)")
+        ->type_name("SIZE");
+    run->add_option("--pids", args.pids, "process limit (RLIMIT_NPROC)")->type_name("N");
+    run->add_option("--fsize", args.fsize, "largest file the payload may write (RLIMIT_FSIZE)")
+        ->type_name("SIZE");
+    run->add_option("--nofile", args.nofile, "open file limit (RLIMIT_NOFILE)")->type_name("N");
+    run->add_option("--json", args.json, "write a JSON result record to FILE")
+        ->type_name("FILE");
+    run->add_flag("-v,--verbose", args.verbose, "report setup details on stderr");
+    // Everything after IMAGE belongs to the command, even words that look like options.
+    run->prefix_command();
+    return run;
+}
+
+BindMount parse_mount_option(const std::string& value) {
+    const std::string what = "--mount " + value;
+    size_t first = value.find(':');
+    if (first == std::string::npos) throw Error(what + ": expected SRC:DST[:ro|rw]");
+    size_t second = value.find(':', first + 1);
+    BindMount mount;
+    std::string source = value.substr(0, first);
+    std::string destination = value.substr(first + 1, second == std::string::npos
+                                                         ? std::string::npos
+                                                         : second - first - 1);
+    if (second != std::string::npos) {
+        std::string mode = value.substr(second + 1);
+        if (mode == "ro") {
+            mount.read_only = true;
+        } else if (mode != "rw") {
+            throw Error(what + ": unknown mode '" + mode + "' (expected ro or rw)");
+        }
+    }
+    if (source.empty()) throw Error(what + ": empty source path");
+    mount.source = canonical_host_path(source, what);
+    mount.destination = normalised_sandbox_path(destination, what);
+    if (mount.destination == "/") throw Error(what + ": cannot mount over the sandbox's root");
+    return mount;
+}
+
+RunOptions build_run_options(const RunArguments& args) {
+    RunOptions options;
+    SandboxConfig& config = options.config;
+    if (args.command.empty()) throw Error("run: no command given (sqbox run IMAGE -- COMMAND...)");
+    config.command = args.command;
+    std::error_code ec;
+    std::filesystem::path image = std::filesystem::absolute(args.image, ec);
+    if (ec) throw Error("image " + args.image + ": " + ec.message());
+    config.image = std::filesystem::is_directory(image, ec)
+                       ? canonical_host_path(image.string(), "image")
+                       : image.lexically_normal().string();
+    for (const auto& value : args.mounts) config.mounts.push_back(parse_mount_option(value));
+    for (const auto& value : args.env) config.environment.push_back(parse_env_option(value));
+    config.workdir = normalised_sandbox_path(args.workdir, "--workdir");
+    if (args.hostname.empty() || args.hostname.size() > 64) {
+        throw Error("--hostname: must be 1 to 64 characters");
+    }
+    config.hostname = args.hostname;
+    config.map_root = args.map_root;
+    config.read_only_root = args.read_only;
+    config.verbose = args.verbose;
+    if (!args.tmpfs_size.empty()) {
+        config.tmpfs_size_bytes = parse_size(args.tmpfs_size, "--tmpfs-size");
+    }
+    if (!args.timeout.empty()) config.timeout_seconds = parse_seconds(args.timeout, "--timeout");
+    if (!args.cpu_time.empty()) config.limits.cpu_seconds = parse_count(args.cpu_time, "--cpu-time");
+    if (!args.memory.empty()) {
+        config.limits.address_space_bytes = parse_size(args.memory, "--memory");
+    }
+    if (!args.pids.empty()) config.limits.processes = parse_count(args.pids, "--pids");
+    if (!args.fsize.empty()) config.limits.file_size_bytes = parse_size(args.fsize, "--fsize");
+    if (!args.nofile.empty()) config.limits.open_files = parse_count(args.nofile, "--nofile");
+    config.outside_uid = ::geteuid();
+    config.outside_gid = ::getegid();
+    options.json_path = args.json;
+    return options;
+}
+
+int execute_run(const RunOptions& options) {
+    // Opened first so that an unwritable path fails before anything runs.
+    std::optional<JsonResultFile> json;
+    if (!options.json_path.empty()) json.emplace(options.json_path);
+    RunResult result = run_sandbox(options.config);
+    if (json && !json->write(result)) {
+        print_error("cannot write --json " + options.json_path);
+        return kExitSqboxFailure;
+    }
+    return result.exit_status;
+}
+
+}  // namespace sqbox::cli

@@ -1,0 +1,54 @@
+// `sqbox run`: command-line front end of the core runtime.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "sqbox/config.h"
+
+namespace CLI {
+class App;
+}
+
+namespace sqbox::cli {
+
+struct RunOptions {
+    SandboxConfig config;
+    std::string json_path;  // --json FILE, empty when not requested
+};
+
+// Raw option values as CLI11 collects them, before validation.
+struct RunArguments {
+    std::string image;
+    std::vector<std::string> command;
+    std::vector<std::string> mounts;
+    std::vector<std::string> env;
+    std::string workdir = "/";
+    std::string hostname = "sandbox";
+    bool map_root = false;
+    bool read_only = false;
+    bool verbose = false;
+    std::string tmpfs_size;
+    std::string timeout;
+    std::string cpu_time;
+    std::string memory;
+    std::string pids;
+    std::string fsize;
+    std::string nofile;
+    std::string json;
+};
+
+// Declares the `run` subcommand's options on `app`, bound to `args`.
+CLI::App* add_run_subcommand(CLI::App& app, RunArguments& args);
+
+// Validates and converts; throws Error with a one-line message naming the bad option.
+// `lookup_env` reads the caller's environment (for --env KEY).
+RunOptions build_run_options(const RunArguments& args);
+
+// Parses one --mount value "SRC:DST[:ro|rw]"; SRC must exist (it is canonicalised).
+BindMount parse_mount_option(const std::string& value);
+
+// Runs the sandbox and writes --json; returns sqbox's exit status.
+int execute_run(const RunOptions& options);
+
+}  // namespace sqbox::cli

@@ -1,0 +1,207 @@
+#include "image/squashfs_server.h"
+
+#include <cerrno>
+#include <cfloat>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <malloc.h>
+
+#include "image/squashfuse_api.h"
+
+namespace sqbox {
+namespace {
+
+// The image never changes while it is mounted, so the kernel may cache names and attributes
+// forever (libsquashfuse's own choice too).
+constexpr double kCacheForever = DBL_MAX;
+
+SquashfsServerOptions g_options;
+
+void apply_owner(struct stat* st) {
+    st->st_uid = g_options.owner_uid;
+    st->st_gid = g_options.owner_gid;
+}
+
+// getattr and lookup are libsquashfuse's, except that ownership is rewritten (see header).
+void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info* /*fi*/) {
+    sqfs_ll_i lli;
+    if (sqfs_ll_iget(req, &lli, ino) != SQFS_OK) return;  // already answered with ENOENT
+    struct stat st {};
+    if (sqfs_stat(&lli.ll->fs, &lli.inode, &st) != SQFS_OK) {
+        fuse_reply_err(req, EIO);
+        return;
+    }
+    st.st_ino = ino;
+    apply_owner(&st);
+    fuse_reply_attr(req, &st, kCacheForever);
+}
+
+void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+    sqfs_ll_i lli;
+    if (sqfs_ll_iget(req, &lli, parent) != SQFS_OK) return;
+    if (!S_ISDIR(lli.inode.base.mode)) {
+        fuse_reply_err(req, ENOTDIR);
+        return;
+    }
+    sqfs_name name_buffer;
+    sqfs_dir_entry entry;
+    sqfs_dentry_init(&entry, name_buffer);
+    bool found = false;
+    if (sqfs_dir_lookup(&lli.ll->fs, &lli.inode, name, std::strlen(name), &entry, &found) !=
+        SQFS_OK) {
+        fuse_reply_err(req, EIO);
+        return;
+    }
+    if (!found) {
+        // A negative entry (inode 0) with a timeout lets the kernel remember that the name does
+        // not exist, instead of asking again on every lookup.
+        fuse_entry_param negative{};
+        negative.entry_timeout = kCacheForever;
+        fuse_reply_entry(req, &negative);
+        return;
+    }
+    sqfs_inode inode;
+    if (sqfs_inode_get(&lli.ll->fs, &inode, sqfs_dentry_inode(&entry)) != SQFS_OK) {
+        fuse_reply_err(req, EIO);
+        return;
+    }
+    fuse_entry_param reply{};
+    if (sqfs_stat(&lli.ll->fs, &inode, &reply.attr) != SQFS_OK) {
+        fuse_reply_err(req, EIO);
+        return;
+    }
+    reply.attr_timeout = kCacheForever;
+    reply.entry_timeout = kCacheForever;
+    reply.ino = lli.ll->ino_register(lli.ll, &entry);
+    reply.attr.st_ino = static_cast<ino_t>(reply.ino);
+    apply_owner(&reply.attr);
+    fuse_reply_entry(req, &reply);
+}
+
+// Every FUSE request is a round trip through this process, so the server answers open and opendir
+// with ENOSYS: the kernel then stops sending open/release pairs and keeps file and directory
+// contents cached (FOPEN_KEEP_CACHE | FOPEN_CACHE_DIR). read and readdir therefore find the inode
+// from its number on each call instead of from an open handle.
+void op_unsupported(fuse_req_t req, fuse_ino_t /*ino*/, struct fuse_file_info* /*fi*/) {
+    fuse_reply_err(req, ENOSYS);
+}
+
+// Extended attributes are not exposed: overlayfs would otherwise ask for its own user.overlay.*
+// attributes on every lookup (and an image could plant them), and capabilities stored in them mean
+// nothing in a sandbox without privileges.
+void op_no_getxattr(fuse_req_t req, fuse_ino_t /*ino*/, const char* /*name*/, size_t /*size*/) {
+    fuse_reply_err(req, ENOSYS);
+}
+void op_no_listxattr(fuse_req_t req, fuse_ino_t /*ino*/, size_t /*size*/) {
+    fuse_reply_err(req, ENOSYS);
+}
+
+// One reply buffer reused for every read: malloc of a request-sized block would map and fault in
+// fresh pages each time.
+std::vector<char>& read_buffer() {
+    static std::vector<char> buffer;
+    return buffer;
+}
+
+void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
+             struct fuse_file_info* /*fi*/) {
+    sqfs_ll* ll = static_cast<sqfs_ll*>(fuse_req_userdata(req));
+    sqfs_inode inode;
+    if (sqfs_ll_inode(ll, &inode, ino) != SQFS_OK) {
+        fuse_reply_err(req, ENOENT);
+        return;
+    }
+    if (!S_ISREG(inode.base.mode)) {
+        fuse_reply_err(req, EISDIR);
+        return;
+    }
+    std::vector<char>& buffer = read_buffer();
+    if (buffer.size() < size) buffer.resize(size);
+    sqfs_off_t length = static_cast<sqfs_off_t>(size);
+    if (sqfs_read_range(&ll->fs, &inode, offset, &length, buffer.data()) != SQFS_OK) {
+        fuse_reply_err(req, EIO);
+        return;
+    }
+    fuse_reply_buf(req, buffer.data(), static_cast<size_t>(length));
+}
+
+void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
+                struct fuse_file_info* /*fi*/) {
+    sqfs_ll_i lli;
+    if (sqfs_ll_iget(req, &lli, ino) != SQFS_OK) return;
+    if (!S_ISDIR(lli.inode.base.mode)) {
+        fuse_reply_err(req, ENOTDIR);
+        return;
+    }
+    sqfs_dir dir;
+    if (sqfs_dir_open(&lli.ll->fs, &lli.inode, &dir, offset) != SQFS_OK) {
+        fuse_reply_err(req, EINVAL);
+        return;
+    }
+    std::vector<char>& buffer = read_buffer();
+    if (buffer.size() < size) buffer.resize(size);
+    sqfs_name name_buffer;
+    sqfs_dir_entry entry;
+    sqfs_dentry_init(&entry, name_buffer);
+    size_t used = 0;
+    sqfs_err err = SQFS_OK;
+    while (sqfs_dir_next(&lli.ll->fs, &dir, &entry, &err)) {
+        struct stat st {};
+        st.st_ino = static_cast<ino_t>(lli.ll->ino_fuse_num(lli.ll, &entry));
+        st.st_mode = sqfs_dentry_mode(&entry);
+        size_t needed = fuse_add_direntry(req, buffer.data() + used, size - used,
+                                          sqfs_dentry_name(&entry), &st,
+                                          static_cast<off_t>(sqfs_dentry_next_offset(&entry)));
+        if (needed > size - used) break;
+        used += needed;
+    }
+    if (err != SQFS_OK) {
+        fuse_reply_err(req, EIO);
+        return;
+    }
+    fuse_reply_buf(req, buffer.data(), used);
+}
+
+fuse_lowlevel_ops make_operations() {
+    fuse_lowlevel_ops ops{};
+    ops.lookup = op_lookup;
+    ops.getattr = op_getattr;
+    ops.forget = sqfs_ll_op_forget;
+    ops.open = op_unsupported;
+    ops.opendir = op_unsupported;
+    ops.read = op_read;
+    ops.readdir = op_readdir;
+    ops.readlink = sqfs_ll_op_readlink;
+    ops.getxattr = op_no_getxattr;
+    ops.listxattr = op_no_listxattr;
+    ops.statfs = stfs_ll_op_statfs;
+    return ops;
+}
+
+}  // namespace
+
+int serve_squashfs(sqfs_ll* image, int fuse_fd, const SquashfsServerOptions& options) {
+    g_options = options;
+    // libsquashfuse allocates a block-sized buffer per cache miss; keep those on the heap instead
+    // of a fresh mmap (and page faults) each time.
+    (void)mallopt(M_MMAP_THRESHOLD, 8 * 1024 * 1024);
+    (void)mallopt(M_TRIM_THRESHOLD, 64 * 1024 * 1024);
+    fuse_lowlevel_ops ops = make_operations();
+    char program[] = "sqbox-fuse";
+    char* argv[] = {program, nullptr};
+    fuse_args args = FUSE_ARGS_INIT(1, argv);
+    fuse_session* session = fuse_session_new(&args, &ops, sizeof ops, image);
+    if (session == nullptr) return -1;
+    // "/dev/fd/N" tells libfuse the device is already open and mounted: it mounts nothing itself
+    // and never runs fusermount.
+    std::string device = "/dev/fd/" + std::to_string(fuse_fd);
+    int status = fuse_session_mount(session, device.c_str());
+    if (status == 0) status = fuse_session_loop(session);
+    // No fuse_session_destroy(): the process exits right after, and destroy would touch the
+    // (already gone) mount.
+    return status;
+}
+
+}  // namespace sqbox

@@ -1,0 +1,123 @@
+#include "runtime/init.h"
+
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+
+#include "runtime/mounts.h"
+#include "runtime/network.h"
+#include "runtime/payload.h"
+#include "runtime/process.h"
+#include "runtime/rootfs.h"
+#include "runtime/signals.h"
+#include "runtime/stage_report.h"
+#include "util/errors.h"
+#include "util/files.h"
+
+namespace sqbox {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int64_t to_ns(const timeval& tv) {
+    return static_cast<int64_t>(tv.tv_sec) * 1000000000LL + static_cast<int64_t>(tv.tv_usec) * 1000;
+}
+
+// getppid() is 0 here (the parent lives outside the pid namespace), so the usual race check after
+// PR_SET_PDEATHSIG uses the lifeline pipe instead.
+void die_with_supervisor(int lifeline_fd) {
+    if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) throw system_error("prctl(PR_SET_PDEATHSIG)");
+    pollfd pfd{lifeline_fd, POLLIN, 0};
+    if (::poll(&pfd, 1, 0) != 0) ::_exit(kExitSqboxFailure);  // EOF/HUP: supervisor already gone
+}
+
+void prepare_sandbox(const SandboxConfig& config) {
+    if (::sethostname(config.hostname.data(), config.hostname.size()) != 0) {
+        throw system_error("cannot set the hostname");
+    }
+    bring_up_loopback();
+    PreparedRoot root = assemble_rootfs(config);
+    pivot_into(root.root.get());
+}
+
+// Waits for the payload, reaping any other process that ends meanwhile (orphans are re-parented
+// to us) and forwarding signals sent by the supervisor.
+StageReport supervise_payload(pid_t payload) {
+    StageReport report;
+    for (;;) {
+        std::optional<siginfo_t> info = wait_for_signal(std::nullopt);
+        if (info->si_signo != SIGCHLD) {
+            (void)::kill(payload, info->si_signo);
+            continue;
+        }
+        for (;;) {
+            int status = 0;
+            rusage usage{};
+            pid_t reaped = ::wait4(-1, &status, WNOHANG, &usage);
+            if (reaped <= 0) break;
+            if (reaped != payload) continue;
+            report.payload_finished = 1;
+            report.wait_status = status;
+            report.exit_status = shell_status(status);
+            report.cpu_ns = to_ns(usage.ru_utime) + to_ns(usage.ru_stime);
+            report.max_rss_kib = usage.ru_maxrss;
+            return report;
+        }
+    }
+}
+
+}  // namespace
+
+void run_init(const InitContext& context) {
+    const SandboxConfig& config = *context.config;
+    try {
+        die_with_supervisor(context.lifeline_fd);
+        prepare_sandbox(config);
+    } catch (const Error& e) {
+        print_error(e.what());
+        StageReport report;
+        report.exit_status = kExitSqboxFailure;
+        report.set_error(e.what());
+        send_report(context.report_fd, report);
+        ::_exit(kExitSqboxFailure);
+    }
+
+    StageReport report;
+    try {
+        Pipe exec_status = make_pipe("exec status");
+        const auto started = Clock::now();
+        pid_t payload = ::fork();
+        if (payload < 0) throw system_error("cannot start the payload");
+        if (payload == 0) {
+            exec_status.read_end.reset();
+            exec_payload(config, exec_status.write_end.get());
+        }
+        exec_status.write_end.reset();
+        StageReport exec_failure;
+        const bool exec_failed = receive_report(exec_status.read_end.get(), exec_failure);
+
+        report = supervise_payload(payload);
+        report.wall_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - started)
+                             .count();
+        if (exec_failed) {
+            report.exit_status = exec_failure.exit_status;
+            report.set_error(exec_failure.error_message());
+        } else {
+            report.payload_started = 1;
+        }
+    } catch (const Error& e) {
+        print_error(e.what());
+        report.exit_status = kExitSqboxFailure;
+        report.set_error(e.what());
+    }
+    send_report(context.report_fd, report);
+    ::_exit(0);
+}
+
+}  // namespace sqbox

@@ -1,0 +1,127 @@
+#include "runtime/payload.h"
+
+#include <fcntl.h>
+#include <linux/close_range.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <csignal>
+#include <cstdlib>
+#include <vector>
+
+#include "runtime/capabilities.h"
+#include "runtime/limits.h"
+#include "runtime/stage_report.h"
+#include "util/errors.h"
+#include "util/files.h"
+
+namespace sqbox {
+namespace {
+
+constexpr const char* kDefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+void set_entry(EnvironmentEntries& env, const std::string& key, const std::string& value) {
+    for (auto& [existing_key, existing_value] : env) {
+        if (existing_key == key) {
+            existing_value = value;
+            return;
+        }
+    }
+    env.emplace_back(key, value);
+}
+
+void reset_signals() {
+    struct sigaction action {};
+    action.sa_handler = SIG_DFL;
+    sigemptyset(&action.sa_mask);
+    for (int sig = 1; sig < NSIG; ++sig) {
+        if (sig == SIGKILL || sig == SIGSTOP) continue;
+        (void)::sigaction(sig, &action, nullptr);  // EINVAL for the few unsettable ones
+    }
+    sigset_t none;
+    sigemptyset(&none);
+    if (::sigprocmask(SIG_SETMASK, &none, nullptr) != 0) throw system_error("sigprocmask");
+}
+
+std::string read_image_environment() {
+    UniqueFd fd(::open("/etc/environment", O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    if (!fd) {
+        if (errno == ENOENT || errno == ELOOP) return {};
+        throw system_error("cannot open the image's /etc/environment");
+    }
+    return read_file("/etc/environment");
+}
+
+[[noreturn]] void fail(int status_fd, int exit_status, const std::string& message) {
+    print_error(message);
+    StageReport report;
+    report.exit_status = exit_status;
+    report.set_error(message);
+    send_report(status_fd, report);
+    ::_exit(exit_status);
+}
+
+}  // namespace
+
+EnvironmentEntries build_payload_environment(const SandboxConfig& config,
+                                             const std::string& image_environment) {
+    EnvironmentEntries env = {
+        {"PATH", kDefaultPath},
+        {"HOME", config.map_root ? "/root" : "/tmp"},
+        {"TERM", "xterm"},
+    };
+    auto lookup = [&env](const std::string& name) -> std::optional<std::string> {
+        for (const auto& [key, value] : env) {
+            if (key == name) return value;
+        }
+        return std::nullopt;
+    };
+    for (auto& [key, value] : parse_environment_file(image_environment, "/etc/environment", lookup)) {
+        set_entry(env, key, value);
+    }
+    for (const auto& [key, value] : config.environment) set_entry(env, key, value);
+    return env;
+}
+
+void exec_payload(const SandboxConfig& config, int status_fd) {
+    try {
+        reset_signals();
+        if (::setsid() < 0) throw system_error("setsid");
+
+        EnvironmentEntries env = build_payload_environment(config, read_image_environment());
+        if (::clearenv() != 0) throw Error("cannot clear the environment");
+        for (const auto& [key, value] : env) {
+            if (::setenv(key.c_str(), value.c_str(), 1) != 0) {
+                throw system_error("cannot set environment variable " + key);
+            }
+        }
+        if (::chdir(config.workdir.c_str()) != 0) {
+            throw system_error("--workdir " + config.workdir);
+        }
+        apply_resource_limits(config.limits);
+        drop_all_privileges();
+        // Every descriptor but stdio closes at exec, whoever opened it (including anything the
+        // caller leaked into sqbox).
+        if (::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) != 0) {
+            throw system_error("close_range");
+        }
+    } catch (const Error& e) {
+        fail(status_fd, kExitSqboxFailure, e.what());
+    }
+
+    std::vector<char*> argv;
+    argv.reserve(config.command.size() + 1);
+    for (const auto& arg : config.command) argv.push_back(const_cast<char*>(arg.c_str()));
+    argv.push_back(nullptr);
+    ::execvp(argv[0], argv.data());
+
+    const int err = errno;
+    if (err == ENOENT) fail(status_fd, kExitNotFound, config.command[0] + ": command not found");
+    fail(status_fd, kExitNotExecutable,
+         config.command[0] + ": cannot execute: " + std::strerror(err));
+}
+
+}  // namespace sqbox

@@ -1,0 +1,23 @@
+// The last step: turning init's child into the payload.
+#pragma once
+
+#include <string>
+
+#include "image/environment_file.h"
+#include "sqbox/config.h"
+
+namespace sqbox {
+
+// The payload's whole environment: defaults (PATH, HOME, TERM), then the image's
+// /etc/environment (read from the current root), then the explicit --env settings.
+EnvironmentEntries build_payload_environment(const SandboxConfig& config,
+                                             const std::string& image_environment);
+
+// Runs in the child forked by init, inside the final root. Resets signals, starts a new session
+// (no controlling terminal), builds the environment, enters the working directory, applies
+// limits, drops every privilege and executes the command. On any failure it prints one line,
+// sends a StageReport on `status_fd` (close-on-exec, so silence means the exec succeeded) and
+// exits with 125, 126 or 127.
+[[noreturn]] void exec_payload(const SandboxConfig& config, int status_fd);
+
+}  // namespace sqbox

@@ -1,0 +1,81 @@
+#include "runtime/process.h"
+
+#include <sched.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <csignal>
+#include <string>
+
+#include "util/errors.h"
+
+namespace sqbox {
+
+pid_t clone_process(unsigned long namespace_flags, const char* purpose) {
+    // Raw syscall: glibc's clone() wants a separate stack, and fork() cannot create a pid
+    // namespace whose pid 1 is the child itself. Argument order is x86_64/aarch64's.
+    long pid = ::syscall(SYS_clone, namespace_flags | SIGCHLD, nullptr, nullptr, nullptr, nullptr);
+    if (pid < 0) {
+        int err = errno;
+        std::string hint;
+        if ((namespace_flags & CLONE_NEWUSER) && (err == EPERM || err == ENOSPC)) {
+            hint = " (unprivileged user namespaces are disabled on this host: check "
+                   "/proc/sys/user/max_user_namespaces and kernel.unprivileged_userns_clone)";
+        }
+        throw Error(std::string("cannot create ") + purpose + ": " + std::strerror(err) + hint);
+    }
+    return static_cast<pid_t>(pid);
+}
+
+void die_with_parent(pid_t expected_parent) {
+    if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) throw system_error("prctl(PR_SET_PDEATHSIG)");
+    if (::getppid() != expected_parent) ::_exit(kExitSqboxFailure);
+}
+
+ChildProcess& ChildProcess::operator=(ChildProcess&& other) noexcept {
+    if (this != &other) {
+        kill_and_reap();
+        pid_ = other.pid_;
+        other.pid_ = -1;
+    }
+    return *this;
+}
+
+std::optional<int> ChildProcess::try_reap() {
+    if (pid_ <= 0) return std::nullopt;
+    int status = 0;
+    pid_t r;
+    do {
+        r = ::waitpid(pid_, &status, WNOHANG);
+    } while (r < 0 && errno == EINTR);
+    if (r == pid_) {
+        pid_ = -1;
+        return status;
+    }
+    return std::nullopt;
+}
+
+void ChildProcess::kill_and_reap() {
+    if (pid_ <= 0) return;
+    (void)::kill(pid_, SIGKILL);  // ESRCH only if it already exited; reaped below either way
+    int status = 0;
+    while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    }
+    pid_ = -1;
+}
+
+void ChildProcess::send(int signal) const {
+    if (pid_ > 0) (void)::kill(pid_, signal);  // the child may be exiting: nothing to do then
+}
+
+int shell_status(int wait_status) {
+    if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
+    if (WIFSIGNALED(wait_status)) return kExitSignalBase + WTERMSIG(wait_status);
+    return kExitSqboxFailure;
+}
+
+}  // namespace sqbox

@@ -1,0 +1,48 @@
+// Process creation and ownership for the launch pipeline.
+#pragma once
+
+#include <sys/types.h>
+
+#include <optional>
+
+namespace sqbox {
+
+// clone(2) without a new stack (fork-like, no CLONE_VM) so that namespace flags such as
+// CLONE_NEWPID apply to the child itself. Only safe in a single-threaded process. Returns the
+// child's pid in the parent and 0 in the child; throws Error on failure.
+pid_t clone_process(unsigned long namespace_flags, const char* purpose);
+
+// Makes the calling process receive SIGKILL when its parent dies, and exits at once if the parent
+// is already gone (the race between fork and prctl).
+void die_with_parent(pid_t expected_parent);
+
+// A child process this process must not outlive: killed and reaped on destruction unless it was
+// already waited for.
+class ChildProcess {
+public:
+    ChildProcess() = default;
+    explicit ChildProcess(pid_t pid) : pid_(pid) {}
+    ChildProcess(const ChildProcess&) = delete;
+    ChildProcess& operator=(const ChildProcess&) = delete;
+    ChildProcess(ChildProcess&& other) noexcept : pid_(other.pid_) { other.pid_ = -1; }
+    ChildProcess& operator=(ChildProcess&& other) noexcept;
+    ~ChildProcess() { kill_and_reap(); }
+
+    [[nodiscard]] pid_t pid() const { return pid_; }
+    [[nodiscard]] bool running() const { return pid_ > 0; }
+
+    // Non-blocking: returns the wait status if the child has exited (and forgets it).
+    std::optional<int> try_reap();
+    // SIGKILL, then wait. No-op if already reaped.
+    void kill_and_reap();
+    // Sends `signal` if the child is still ours.
+    void send(int signal) const;
+
+private:
+    pid_t pid_ = -1;
+};
+
+// Exit status as a shell reports it: the code, or 128+N for death by signal N.
+int shell_status(int wait_status);
+
+}  // namespace sqbox

@@ -1,0 +1,82 @@
+#include "runtime/rooted_path.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <vector>
+
+#include "util/errors.h"
+
+namespace sqbox {
+
+std::vector<std::string> path_components(const std::string& path, const std::string& what) {
+    std::vector<std::string> parts;
+    size_t start = 0;
+    while (start <= path.size()) {
+        size_t slash = path.find('/', start);
+        if (slash == std::string::npos) slash = path.size();
+        std::string part = path.substr(start, slash - start);
+        if (part == "..") throw Error(what + ": path " + path + " must not contain '..'");
+        if (!part.empty() && part != ".") parts.push_back(std::move(part));
+        start = slash + 1;
+    }
+    return parts;
+}
+
+namespace {
+
+UniqueFd open_component(int dir_fd, const std::string& name) {
+    return UniqueFd(::openat(dir_fd, name.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
+}
+
+}  // namespace
+
+UniqueFd resolve_in_root(int root_fd, const std::string& path, EntryKind last_kind, bool create,
+                         const std::string& what) {
+    std::vector<std::string> parts = path_components(path, what);
+    UniqueFd current(::openat(root_fd, ".", O_PATH | O_DIRECTORY | O_CLOEXEC));
+    if (!current) throw system_error(what + ": cannot open the sandbox root");
+
+    std::string walked;
+    for (size_t i = 0; i < parts.size(); ++i) {
+        const std::string& name = parts[i];
+        walked += "/" + name;
+        const bool last = i + 1 == parts.size();
+        const bool want_dir = !last || last_kind == EntryKind::kDirectory;
+
+        UniqueFd next = open_component(current.get(), name);
+        if (!next && errno == ENOENT && create) {
+            int rc = 0;
+            if (want_dir) {
+                rc = ::mkdirat(current.get(), name.c_str(), 0755);
+            } else {
+                rc = ::openat(current.get(), name.c_str(),
+                              O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+                if (rc >= 0) (void)::close(rc);
+            }
+            if (rc < 0 && errno != EEXIST) {
+                throw system_error(what + ": cannot create " + walked + " in the sandbox");
+            }
+            next = open_component(current.get(), name);
+        }
+        if (!next) throw system_error(what + ": " + walked);
+
+        struct stat st {};
+        if (::fstat(next.get(), &st) != 0) throw system_error(what + ": cannot stat " + walked);
+        if (S_ISLNK(st.st_mode)) {
+            throw Error(what + ": " + walked +
+                        " is a symlink in the sandbox; refusing to follow it");
+        }
+        if (want_dir && !S_ISDIR(st.st_mode)) {
+            throw Error(what + ": " + walked + " is not a directory in the sandbox");
+        }
+        if (!want_dir && S_ISDIR(st.st_mode)) {
+            throw Error(what + ": " + walked + " is a directory in the sandbox");
+        }
+        current = std::move(next);
+    }
+    return current;
+}
+
+}  // namespace sqbox

@@ -1,0 +1,24 @@
+// Resolving paths inside the sandbox's root without ever following a symlink, so neither a
+// hostile image nor a user-given destination can point a mount or a write outside the root.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "util/unique_fd.h"
+
+namespace sqbox {
+
+enum class EntryKind { kDirectory, kFile };
+
+// Returns an O_PATH fd for `path` (absolute, inside the root) resolved component by component
+// below `root_fd`. Missing components are created when `create` is true: directories, and the last
+// one as `last_kind`. Throws Error if any component is a symlink, if the path contains "..", or if
+// the last component exists with the wrong kind.
+UniqueFd resolve_in_root(int root_fd, const std::string& path, EntryKind last_kind, bool create,
+                         const std::string& what);
+
+// Splits "/a/b/c" into its normalised components; throws on "..".
+std::vector<std::string> path_components(const std::string& path, const std::string& what);
+
+}  // namespace sqbox

@@ -1,0 +1,212 @@
+#include "runtime/rootfs.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "runtime/devices.h"
+#include "runtime/mounts.h"
+#include "runtime/rooted_path.h"
+#include "util/errors.h"
+#include "util/files.h"
+
+namespace sqbox {
+namespace {
+
+std::string size_option(uint64_t bytes) { return std::to_string(bytes); }
+
+UniqueFd open_directory(const std::string& path) {
+    UniqueFd fd(::open(path.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    if (!fd) throw system_error("cannot open " + path);
+    return fd;
+}
+
+// The overlay: image below, a fresh tmpfs above. Returns false if the kernel refuses overlayfs to
+// this user (then the caller falls back to a read-only root).
+bool mount_overlay(const std::string& target) {
+    auto try_mount = [&](bool user_xattr) -> int {
+        MountOptions options = {{"lowerdir", kImageDir},
+                                {"upperdir", std::string(kSandboxDir) + "/upper"},
+                                {"workdir", std::string(kSandboxDir) + "/work"}};
+        // user.* xattrs: trusted.* are not writable from a user namespace.
+        if (user_xattr) options.emplace_back("userxattr", "");
+        try {
+            UniqueFd overlay = create_filesystem("overlay", options,
+                                                 MountAttr::kNoSuid | MountAttr::kNoDev,
+                                                 "overlay root filesystem");
+            attach_mount_at(overlay.get(), target, "overlay root filesystem");
+            return 0;
+        } catch (const Error& e) {
+            return e.system_errno() != 0 ? e.system_errno() : EINVAL;
+        }
+    };
+    int err = try_mount(true);
+    if (err == 0) return true;
+    if (err == EINVAL) err = try_mount(false);  // kernels before 5.11 know no userxattr
+    if (err == 0) return true;
+    print_error(std::string("warning: overlayfs is not permitted here (") + std::strerror(err) +
+                "); falling back to a read-only root");
+    return false;
+}
+
+void bind_read_only_image(const std::string& target) {
+    UniqueFd tree = clone_mount_tree(AT_FDCWD, kImageDir, true, "image as read-only root");
+    set_mount_attributes(tree.get(), MountAttr::kReadOnly | MountAttr::kNoSuid | MountAttr::kNoDev,
+                         0, true, "read-only root");
+    attach_mount_at(tree.get(), target, "read-only root");
+}
+
+void mount_fresh(int root_fd, const std::string& path, const char* fstype,
+                 const MountOptions& options, uint64_t attributes, bool create) {
+    UniqueFd target = resolve_in_root(root_fd, path, EntryKind::kDirectory, create, path);
+    UniqueFd fs = create_filesystem(fstype, options, attributes, path + " (" + fstype + ")");
+    attach_mount(fs.get(), target.get(), path);
+}
+
+struct GeneratedFile {
+    const char* name;  // inside /etc
+    std::string content;
+};
+
+// In a writable root the files are written into the upper layer, replacing whatever the image has
+// there (a symlink included, never followed). In a read-only root they are bind-mounted over
+// existing regular files, and skipped where the image has none.
+void install_etc_files(int root_fd, bool writable, const std::vector<GeneratedFile>& files) {
+    if (writable) {
+        UniqueFd etc = resolve_in_root(root_fd, "/etc", EntryKind::kDirectory, true, "/etc");
+        for (const auto& file : files) {
+            const std::string path = std::string("/etc/") + file.name;
+            if (::unlinkat(etc.get(), file.name, 0) != 0 && errno != ENOENT) {
+                throw system_error("cannot replace " + path + " in the sandbox");
+            }
+            write_file_at(etc.get(), file.name, file.content, O_EXCL | O_NOFOLLOW);
+        }
+        return;
+    }
+    const std::string staging = std::string(kSandboxDir) + "/etc";
+    if (::mkdir(staging.c_str(), 0755) != 0 && errno != EEXIST) {
+        throw system_error("cannot create " + staging);
+    }
+    for (const auto& file : files) {
+        const std::string path = std::string("/etc/") + file.name;
+        UniqueFd target;
+        try {
+            target = resolve_in_root(root_fd, path, EntryKind::kFile, false, path);
+        } catch (const Error&) {
+            continue;  // absent or a symlink in a read-only image: leave the image's own
+        }
+        const std::string source = staging + "/" + file.name;
+        write_file_at(AT_FDCWD, source, file.content);
+        UniqueFd tree = clone_mount_tree(AT_FDCWD, source, false, path);
+        attach_mount(tree.get(), target.get(), path);
+    }
+}
+
+void mount_user_binds(int root_fd, const std::vector<BindMount>& mounts) {
+    for (const auto& bind : mounts) {
+        const std::string what = "--mount " + bind.source + ":" + bind.destination;
+        UniqueFd tree = clone_mount_tree(AT_FDCWD, std::string(kOldRootDir) + bind.source, true,
+                                         what);
+        uint64_t attributes = MountAttr::kNoSuid | MountAttr::kNoDev;
+        if (bind.read_only) attributes |= MountAttr::kReadOnly;
+        set_mount_attributes(tree.get(), attributes, 0, true, what);
+
+        struct stat st {};
+        if (::fstat(tree.get(), &st) != 0) throw system_error(what);
+        EntryKind kind = S_ISDIR(st.st_mode) ? EntryKind::kDirectory : EntryKind::kFile;
+        UniqueFd target = resolve_in_root(root_fd, bind.destination, kind, true, what);
+        attach_mount(tree.get(), target.get(), what);
+    }
+}
+
+}  // namespace
+
+void enter_scratch_root() {
+    make_mounts_private();
+    // Only mount points live here; nothing the payload writes ever lands in it.
+    UniqueFd scratch = create_filesystem("tmpfs", {{"mode", "0700"}, {"size", "1m"}},
+                                         MountAttr::kNoSuid | MountAttr::kNoDev,
+                                         "scratch tmpfs");
+    for (const char* dir : {kOldRootDir, kImageDir, kSandboxDir}) {
+        if (::mkdirat(scratch.get(), dir + 1, 0700) != 0) {
+            throw system_error(std::string("cannot create scratch directory ") + dir);
+        }
+    }
+    // /tmp is only a place to stand: after pivot_root the host's /tmp shows again under /oldroot.
+    attach_mount_at(scratch.get(), "/tmp", "scratch tmpfs");
+    if (::chdir("/tmp") != 0) throw system_error("cannot enter the scratch root");
+    if (::syscall(SYS_pivot_root, ".", kOldRootDir + 1) != 0) {
+        throw system_error("pivot_root into the scratch root");
+    }
+    if (::chdir("/") != 0) throw system_error("chdir /");
+}
+
+void mount_image(const ImageSource& image, int fuse_fd, const IdMapping& ids) {
+    if (image.kind == ImageSource::Kind::kDirectory) {
+        const std::string source = std::string(kOldRootDir) + image.path;
+        UniqueFd tree = clone_mount_tree(AT_FDCWD, source, true, "image directory " + image.path);
+        set_mount_attributes(tree.get(), MountAttr::kReadOnly | MountAttr::kNoSuid |
+                                             MountAttr::kNoDev,
+                             0, true, "image directory " + image.path);
+        attach_mount_at(tree.get(), kImageDir, "image directory " + image.path);
+        return;
+    }
+    MountOptions options = {
+        {"source", "sqbox"},
+        {"subtype", "sqbox"},
+        {"fd", std::to_string(fuse_fd)},
+        {"rootmode", "40000"},
+        {"user_id", std::to_string(ids.inside_uid)},
+        {"group_id", std::to_string(ids.inside_gid)},
+        // The sandbox user (who is not necessarily the mounter's uid) may use the mount...
+        {"allow_other", ""},
+        // ...and the kernel, not the server, checks permissions.
+        {"default_permissions", ""},
+    };
+    UniqueFd fs = create_filesystem("fuse", options,
+                                    MountAttr::kReadOnly | MountAttr::kNoSuid | MountAttr::kNoDev,
+                                    "FUSE mount of image " + image.path);
+    attach_mount_at(fs.get(), kImageDir, "image " + image.path);
+}
+
+PreparedRoot assemble_rootfs(const SandboxConfig& config) {
+    // Everything writable for this sandbox lives in one size-capped tmpfs.
+    UniqueFd sandbox_fs = create_filesystem(
+        "tmpfs", {{"mode", "0755"}, {"size", size_option(config.tmpfs_size_bytes)}},
+        MountAttr::kNoSuid | MountAttr::kNoDev, "sandbox tmpfs");
+    for (const char* dir : {"upper", "work", "root"}) {
+        if (::mkdirat(sandbox_fs.get(), dir, 0755) != 0) {
+            throw system_error(std::string("cannot create sandbox directory ") + dir);
+        }
+    }
+    attach_mount_at(sandbox_fs.get(), kSandboxDir, "sandbox tmpfs");
+
+    const std::string root_path = std::string(kSandboxDir) + "/root";
+    PreparedRoot prepared;
+    prepared.writable = !config.read_only_root && mount_overlay(root_path);
+    if (!prepared.writable) bind_read_only_image(root_path);
+    prepared.root = open_directory(root_path);
+    const int root = prepared.root.get();
+    const bool create = prepared.writable;
+
+    // Order matters: system mounts first, user binds last so they may sit on top of them.
+    mount_fresh(root, "/proc", "proc", {},
+                MountAttr::kNoSuid | MountAttr::kNoDev | MountAttr::kNoExec, create);
+    mount_devices(root, create, config.tmpfs_size_bytes);
+    mount_fresh(root, "/tmp", "tmpfs",
+                {{"mode", "1777"}, {"size", size_option(config.tmpfs_size_bytes)}},
+                MountAttr::kNoSuid | MountAttr::kNoDev, create);
+    install_etc_files(root, prepared.writable,
+                      {{"hostname", config.hostname + "\n"},
+                       {"hosts", "127.0.0.1\tlocalhost " + config.hostname +
+                                     "\n::1\tlocalhost ip6-localhost ip6-loopback\n"},
+                       {"resolv.conf", "# sqbox: no network but loopback in this sandbox\n"}});
+    mount_user_binds(root, config.mounts);
+    return prepared;
+}
+
+}  // namespace sqbox

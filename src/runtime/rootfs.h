@@ -1,0 +1,39 @@
+// Building the filesystem the payload sees. Two halves:
+//  - the supervisor (once per image): a private scratch root with the host's root kept at
+//    /oldroot for reaching bind sources, and the image mounted read-only at /image;
+//  - init (once per sandbox): the writable root (overlay of /image with a tmpfs upper layer, or a
+//    read-only bind), /proc, /dev, /tmp, generated /etc files, user binds; then pivot_root.
+#pragma once
+
+#include <string>
+
+#include "image/image_source.h"
+#include "runtime/user_namespace.h"
+#include "sqbox/config.h"
+#include "util/unique_fd.h"
+
+namespace sqbox {
+
+inline constexpr const char* kOldRootDir = "/oldroot";  // host root, inside the scratch root
+inline constexpr const char* kImageDir = "/image";      // the image, read-only
+inline constexpr const char* kSandboxDir = "/sandbox";  // per-sandbox tmpfs: upper layer, staging
+
+// Supervisor: replaces the process's root with a small private tmpfs; the old root stays
+// reachable at /oldroot until init detaches it.
+void enter_scratch_root();
+
+// Supervisor: mounts the image read-only at /image. For a squashfs image, `fuse_fd` is an open
+// /dev/fuse whose server must be started right after (requests block until it answers).
+void mount_image(const ImageSource& image, int fuse_fd, const IdMapping& ids);
+
+struct PreparedRoot {
+    UniqueFd root;          // the sandbox's future "/"
+    bool writable = false;  // overlay (true) or read-only bind of the image (false)
+};
+
+// Init: builds the complete root described by `config` under /sandbox/root. Must run in the
+// sandbox's own mount and pid namespaces (for /proc). Prints a warning and falls back to a
+// read-only root when overlayfs is not permitted.
+PreparedRoot assemble_rootfs(const SandboxConfig& config);
+
+}  // namespace sqbox

@@ -1,0 +1,46 @@
+#include "runtime/signals.h"
+
+#include <cerrno>
+#include <ctime>
+
+#include "util/errors.h"
+
+namespace sqbox {
+
+bool is_forwarded_signal(int sig) {
+    return sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGQUIT;
+}
+
+sigset_t pipeline_signals() {
+    sigset_t set;
+    sigemptyset(&set);
+    for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&set, sig);
+    return set;
+}
+
+ScopedSignalBlock::ScopedSignalBlock() {
+    sigset_t set = pipeline_signals();
+    if (::sigprocmask(SIG_BLOCK, &set, &previous_) != 0) throw system_error("sigprocmask");
+}
+
+ScopedSignalBlock::~ScopedSignalBlock() { (void)::sigprocmask(SIG_SETMASK, &previous_, nullptr); }
+
+std::optional<siginfo_t> wait_for_signal(std::optional<long> timeout_ms) {
+    sigset_t set = pipeline_signals();
+    siginfo_t info{};
+    for (;;) {
+        int sig;
+        if (timeout_ms) {
+            long ms = *timeout_ms < 0 ? 0 : *timeout_ms;
+            timespec timeout{ms / 1000, (ms % 1000) * 1000000L};
+            sig = ::sigtimedwait(&set, &info, &timeout);
+        } else {
+            sig = ::sigwaitinfo(&set, &info);
+        }
+        if (sig > 0) return info;
+        if (errno == EAGAIN) return std::nullopt;
+        if (errno != EINTR) throw system_error("waiting for signals");
+    }
+}
+
+}  // namespace sqbox

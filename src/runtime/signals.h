@@ -1,0 +1,33 @@
+// Signals in the pipeline: every sqbox process keeps the forwarded signals (and SIGCHLD) blocked
+// and collects them synchronously with sigwaitinfo, so no handler ever runs concurrently with setup.
+#pragma once
+
+#include <csignal>
+#include <optional>
+
+namespace sqbox {
+
+// SIGINT, SIGTERM, SIGHUP, SIGQUIT: passed from sqbox down to the payload.
+bool is_forwarded_signal(int sig);
+
+// The forwarded signals plus SIGCHLD.
+sigset_t pipeline_signals();
+
+// Blocks pipeline_signals() for its lifetime (children inherit the block), restoring the previous
+// mask on destruction.
+class ScopedSignalBlock {
+public:
+    ScopedSignalBlock();
+    ~ScopedSignalBlock();
+    ScopedSignalBlock(const ScopedSignalBlock&) = delete;
+    ScopedSignalBlock& operator=(const ScopedSignalBlock&) = delete;
+
+private:
+    sigset_t previous_{};
+};
+
+// Waits for one of pipeline_signals(); with a timeout in milliseconds, returns nullopt when it
+// expires. EINTR is retried.
+std::optional<siginfo_t> wait_for_signal(std::optional<long> timeout_ms);
+
+}  // namespace sqbox

@@ -1,0 +1,34 @@
+#include "runtime/stage_report.h"
+
+#include <cstring>
+
+#include "util/files.h"
+
+namespace sqbox {
+
+void StageReport::set_error(const std::string& message) {
+    size_t n = std::min(message.size(), sizeof error - 1);
+    std::memcpy(error, message.data(), n);
+    error[n] = '\0';
+}
+
+std::string StageReport::error_message() const {
+    return std::string(error, strnlen(error, sizeof error));
+}
+
+void send_report(int fd, const StageReport& report) {
+    (void)write_all(fd, &report, sizeof report);
+}
+
+bool receive_report(int fd, StageReport& report) {
+    StageReport incoming;
+    if (read_full(fd, &incoming, sizeof incoming) != static_cast<ssize_t>(sizeof incoming)) {
+        return false;
+    }
+    if (incoming.magic != StageReport::kMagic) return false;
+    report = incoming;
+    report.error[sizeof report.error - 1] = '\0';
+    return true;
+}
+
+}  // namespace sqbox

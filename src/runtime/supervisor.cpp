@@ -1,0 +1,172 @@
+#include "runtime/supervisor.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include "image/squashfs_server.h"
+#include "runtime/init.h"
+#include "runtime/process.h"
+#include "runtime/rootfs.h"
+#include "runtime/signals.h"
+#include "runtime/stage_report.h"
+#include "runtime/user_namespace.h"
+#include "util/errors.h"
+#include "util/files.h"
+
+namespace sqbox {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr unsigned long kSandboxNamespaces =
+    CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP | CLONE_NEWNS;
+
+// Closes every descriptor except `keep` (and stdio): nothing the caller leaked into sqbox stays
+// open in the long-lived processes of the sandbox.
+void close_other_fds(std::vector<int> keep) {
+    keep.push_back(STDERR_FILENO);
+    std::sort(keep.begin(), keep.end());
+    unsigned first = STDERR_FILENO + 1;
+    for (int fd : keep) {
+        if (fd < static_cast<int>(first)) continue;
+        if (static_cast<unsigned>(fd) > first) {
+            (void)::syscall(SYS_close_range, first, static_cast<unsigned>(fd) - 1, 0U);
+        }
+        first = static_cast<unsigned>(fd) + 1;
+    }
+    (void)::syscall(SYS_close_range, first, ~0U, 0U);
+}
+
+[[noreturn]] void fail_and_report(int report_fd, const std::string& message) {
+    print_error(message);
+    StageReport report;
+    report.exit_status = kExitSqboxFailure;
+    report.set_error(message);
+    send_report(report_fd, report);
+    ::_exit(kExitSqboxFailure);
+}
+
+std::string format_seconds(double seconds) {
+    char buffer[32];
+    std::snprintf(buffer, sizeof buffer, "%g", seconds);
+    return buffer;
+}
+
+}  // namespace
+
+void run_supervisor(const SupervisorContext& context) {
+    const SandboxConfig& config = *context.config;
+    const ImageSource& image = *context.image;
+    try {
+        die_with_parent(context.launcher_pid);
+        // Out of the caller's process group: terminal signals reach only the launcher, which
+        // forwards them exactly once.
+        if (::setpgid(0, 0) != 0) throw system_error("setpgid");
+        close_other_fds({image.file.get(), context.report_fd});
+
+        const IdMapping ids{config.map_root ? 0 : config.outside_uid,
+                            config.map_root ? 0 : config.outside_gid, config.outside_uid,
+                            config.outside_gid};
+        write_own_id_maps(ids);
+        UniqueFd fuse;
+        if (image.kind == ImageSource::Kind::kSquashfs) {
+            fuse.reset(::open("/dev/fuse", O_RDWR | O_CLOEXEC));
+            if (!fuse) throw system_error("cannot open /dev/fuse");
+        }
+        enter_scratch_root();
+        mount_image(image, fuse.get(), ids);
+
+        ChildProcess server;
+        if (image.kind == ImageSource::Kind::kSquashfs) {
+            const pid_t self = ::getpid();
+            pid_t pid = ::fork();
+            if (pid < 0) throw system_error("cannot start the image server");
+            if (pid == 0) {
+                die_with_parent(self);
+                (void)::close(context.report_fd);
+                int status = serve_squashfs(image.squashfs.get(), fuse.get(),
+                                            {ids.inside_uid, ids.inside_gid});
+                ::_exit(status == 0 ? 0 : kExitSqboxFailure);
+            }
+            server = ChildProcess(pid);
+            fuse.reset();  // the server holds the connection now
+        }
+
+        Pipe init_report = make_pipe("init report");
+        Pipe lifeline = make_pipe("lifeline");
+        const auto started = Clock::now();
+        pid_t init_pid = clone_process(kSandboxNamespaces, "sandbox namespaces");
+        if (init_pid == 0) {
+            init_report.read_end.reset();
+            lifeline.write_end.reset();
+            run_init({&config, init_report.write_end.get(), lifeline.read_end.get()});
+        }
+        ChildProcess init(init_pid);
+        init_report.write_end.reset();
+        lifeline.read_end.reset();
+
+        std::optional<Clock::time_point> deadline;
+        if (config.timeout_seconds) {
+            deadline = started + std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(*config.timeout_seconds));
+        }
+        bool timed_out = false;
+        bool server_died = false;
+        while (init.running()) {
+            std::optional<long> wait_ms;
+            if (deadline && !timed_out) {
+                wait_ms = std::chrono::ceil<std::chrono::milliseconds>(*deadline - Clock::now())
+                              .count();
+            }
+            std::optional<siginfo_t> info = wait_for_signal(wait_ms);
+            if (!info) {
+                timed_out = true;
+                init.send(SIGKILL);  // the kernel then kills every process of the pid namespace
+                continue;
+            }
+            if (is_forwarded_signal(info->si_signo)) {
+                init.send(info->si_signo);
+                continue;
+            }
+            (void)init.try_reap();
+            if (server.running() && server.try_reap()) {
+                server_died = true;
+                init.send(SIGKILL);
+            }
+        }
+
+        StageReport report;
+        const bool reported = receive_report(init_report.read_end.get(), report);
+        if (timed_out && !(reported && report.payload_finished)) {
+            report.timed_out = 1;
+            report.exit_status = kExitTimeout;
+            std::string message =
+                "timed out after " + format_seconds(*config.timeout_seconds) + " s; sandbox killed";
+            print_error(message);
+            report.set_error(message);
+        } else if (server_died) {
+            fail_and_report(context.report_fd, "the image server died; sandbox killed");
+        } else if (!reported) {
+            fail_and_report(context.report_fd, "sandbox init died unexpectedly");
+        }
+        if (!report.payload_finished) {
+            report.wall_ns =
+                std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - started)
+                    .count();
+        }
+        server.kill_and_reap();
+        send_report(context.report_fd, report);
+        ::_exit(0);
+    } catch (const Error& e) {
+        fail_and_report(context.report_fd, e.what());
+    }
+}
+
+}  // namespace sqbox

@@ -1,0 +1,74 @@
+#include "util/files.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "util/errors.h"
+
+namespace sqbox {
+
+bool write_all(int fd, const void* data, size_t size) {
+    const auto* bytes = static_cast<const char*>(data);
+    while (size > 0) {
+        ssize_t n = ::write(fd, bytes, size);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return false;
+        }
+        bytes += n;
+        size -= static_cast<size_t>(n);
+    }
+    return true;
+}
+
+ssize_t read_full(int fd, void* data, size_t size) {
+    auto* bytes = static_cast<char*>(data);
+    size_t total = 0;
+    while (total < size) {
+        ssize_t n = ::read(fd, bytes + total, size - total);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (n == 0) break;
+        total += static_cast<size_t>(n);
+    }
+    return static_cast<ssize_t>(total);
+}
+
+void write_file_at(int dir_fd, const std::string& path, std::string_view content, int flags,
+                   mode_t mode) {
+    UniqueFd fd(::openat(dir_fd, path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | flags,
+                         mode));
+    if (!fd) throw system_error("cannot open " + path + " for writing");
+    if (!write_all(fd.get(), content.data(), content.size())) {
+        throw system_error("cannot write " + path);
+    }
+}
+
+std::string read_file(const std::string& path) {
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd) throw system_error("cannot open " + path);
+    std::string content;
+    char buffer[4096];
+    for (;;) {
+        ssize_t n = ::read(fd.get(), buffer, sizeof buffer);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            throw system_error("cannot read " + path);
+        }
+        if (n == 0) break;
+        content.append(buffer, static_cast<size_t>(n));
+    }
+    return content;
+}
+
+Pipe make_pipe(const std::string& purpose) {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) throw system_error("cannot create " + purpose + " pipe");
+    return Pipe{UniqueFd(fds[0]), UniqueFd(fds[1])};
+}
+
+}  // namespace sqbox

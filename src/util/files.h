@@ -1,0 +1,28 @@
+// Small, checked file helpers used by the launch pipeline.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "util/unique_fd.h"
+
+namespace sqbox {
+
+// Writes all of `data` to `fd`, retrying on EINTR and short writes. Returns false on error.
+bool write_all(int fd, const void* data, size_t size);
+
+// Reads up to `size` bytes, retrying on EINTR until EOF or the buffer is full. Returns the count,
+// or -1 on error.
+ssize_t read_full(int fd, void* data, size_t size);
+
+// Opens `path` (relative to `dir_fd`) for writing, truncating, and writes `content` to it.
+void write_file_at(int dir_fd, const std::string& path, std::string_view content, int flags = 0,
+                   mode_t mode = 0644);
+
+// Reads a whole small file; throws Error with the path on failure.
+std::string read_file(const std::string& path);
+
+// pipe2(O_CLOEXEC), checked.
+Pipe make_pipe(const std::string& purpose);
+
+}  // namespace sqbox

@@ -1,0 +1,92 @@
+#include "util/sizes.h"
+
+#include <cctype>
+#include <cmath>
+#include <limits>
+#include <string_view>
+
+#include "util/errors.h"
+
+namespace sqbox {
+namespace {
+
+bool equals_ignore_case(std::string_view a, std::string_view b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i) {
+        if (std::tolower(static_cast<unsigned char>(a[i])) !=
+            std::tolower(static_cast<unsigned char>(b[i]))) {
+            return false;
+        }
+    }
+    return true;
+}
+
+Error bad_value(const std::string& option, const std::string& text, const char* expected) {
+    return Error("invalid value '" + text + "' for " + option + ": expected " + expected);
+}
+
+}  // namespace
+
+uint64_t parse_size(const std::string& text, const std::string& option, bool allow_zero) {
+    constexpr const char* kExpected = "a size such as 4096, 64k, 512M or 1G";
+    size_t digits = 0;
+    while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) {
+        ++digits;
+    }
+    if (digits == 0 || digits > 19) throw bad_value(option, text, kExpected);
+    uint64_t value = std::stoull(text.substr(0, digits));
+    std::string_view suffix(text);
+    suffix.remove_prefix(digits);
+
+    unsigned shift = 0;
+    if (!suffix.empty()) {
+        switch (std::tolower(static_cast<unsigned char>(suffix.front()))) {
+            case 'k': shift = 10; break;
+            case 'm': shift = 20; break;
+            case 'g': shift = 30; break;
+            case 't': shift = 40; break;
+            case 'b': shift = 0; break;
+            default: throw bad_value(option, text, kExpected);
+        }
+        std::string_view rest = suffix.substr(1);
+        bool valid_rest = rest.empty() || (shift != 0 && (equals_ignore_case(rest, "b") ||
+                                                          equals_ignore_case(rest, "ib")));
+        if (!valid_rest) throw bad_value(option, text, kExpected);
+    }
+    if (shift != 0 && value > (std::numeric_limits<uint64_t>::max() >> shift)) {
+        throw bad_value(option, text, kExpected);
+    }
+    value <<= shift;
+    if (value == 0 && !allow_zero) throw bad_value(option, text, "a size greater than zero");
+    return value;
+}
+
+uint64_t parse_count(const std::string& text, const std::string& option) {
+    constexpr const char* kExpected = "a positive whole number";
+    if (text.empty() || text.size() > 19) throw bad_value(option, text, kExpected);
+    for (char c : text) {
+        if (!std::isdigit(static_cast<unsigned char>(c))) throw bad_value(option, text, kExpected);
+    }
+    uint64_t value = std::stoull(text);
+    if (value == 0) throw bad_value(option, text, kExpected);
+    return value;
+}
+
+double parse_seconds(const std::string& text, const std::string& option) {
+    constexpr const char* kExpected = "a positive number of seconds";
+    size_t used = 0;
+    double value = 0;
+    try {
+        value = std::stod(text, &used);
+    } catch (const std::exception&) {
+        throw bad_value(option, text, kExpected);
+    }
+    std::string_view rest = std::string_view(text).substr(used);
+    if (rest == "s") rest = {};
+    if (!rest.empty() || !std::isfinite(value) || value <= 0 || value > 1e9) {
+        throw bad_value(option, text, kExpected);
+    }
+    return value;
+}
+
+}  // namespace sqbox
