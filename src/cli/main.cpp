@@ -1,6 +1,7 @@
 // sqbox: command-line entry point.
 #include <csignal>
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <iostream>
 
 #include "cli/run_command.h"
@@ -17,8 +18,29 @@ int run_main(int argc, char** argv) {
     sqbox::cli::RunArguments run_args;
     CLI::App* run = sqbox::cli::add_run_subcommand(app, run_args);
 
+    // Split "run [OPTIONS] IMAGE [--] COMMAND..." ourselves: CLI11 sees only up to IMAGE.
+    std::vector<std::string> words(argv + 1, argv + argc);
+    std::vector<std::string> command;
+    if (!words.empty() && words.front() == "run") {
+        std::vector<std::string> run_words(words.begin() + 1, words.end());
+        size_t image = sqbox::cli::find_image_argument(*run, run_words);
+        if (image < run_words.size()) {
+            auto rest = run_words.begin() + static_cast<std::ptrdiff_t>(image) + 1;
+            if (rest != run_words.end() && *rest == "--") ++rest;
+            command.assign(rest, run_words.end());
+            run_words.erase(run_words.begin() + static_cast<std::ptrdiff_t>(image) + 1,
+                            run_words.end());
+            if (image > 0 && run_words[image - 1] == "--") {
+                run_words.erase(run_words.begin() + static_cast<std::ptrdiff_t>(image) - 1);
+            }
+        }
+        words.resize(1);
+        words.insert(words.end(), run_words.begin(), run_words.end());
+    }
+    std::reverse(words.begin(), words.end());  // CLI11 parses a reversed vector
+
     try {
-        app.parse(argc, argv);
+        app.parse(words);
     } catch (const CLI::CallForHelp&) {
         std::cout << app.help();
         return 0;
@@ -31,10 +53,7 @@ int run_main(int argc, char** argv) {
     }
 
     if (run->parsed()) {
-        // prefix_command() leaves everything after IMAGE (minus a leading "--") here.
-        std::vector<std::string> rest = run->remaining();
-        if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
-        run_args.command.insert(run_args.command.end(), rest.begin(), rest.end());
+        run_args.command = std::move(command);
         try {
             return sqbox::cli::execute_run(sqbox::cli::build_run_options(run_args));
         } catch (const sqbox::Error& e) {

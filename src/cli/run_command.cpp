@@ -52,11 +52,12 @@ CLI::App* add_run_subcommand(CLI::App& app, RunArguments& args) {
         "run", "Run COMMAND in a fresh sandbox built from IMAGE (a .sqsh file or a directory)");
     run->add_option("IMAGE", args.image, "squashfs image (.sqsh) or root filesystem directory")
         ->required();
-    run->add_option("COMMAND", args.command, "command and arguments (after --)");
     run->add_option("-m,--mount", args.mounts, "bind-mount a host path: SRC:DST[:ro|rw]")
-        ->type_name("SRC:DST[:MODE]");
+        ->type_name("SRC:DST[:MODE]")
+        ->allow_extra_args(false);
     run->add_option("-e,--env", args.env, "set KEY=VAL, or copy KEY from your environment")
-        ->type_name("KEY[=VAL]");
+        ->type_name("KEY[=VAL]")
+        ->allow_extra_args(false);
     run->add_option("-w,--workdir", args.workdir, "working directory inside the sandbox")
         ->capture_default_str();
     run->add_option("--hostname", args.hostname, "hostname inside the sandbox")
@@ -79,9 +80,26 @@ CLI::App* add_run_subcommand(CLI::App& app, RunArguments& args) {
     run->add_option("--json", args.json, "write a JSON result record to FILE")
         ->type_name("FILE");
     run->add_flag("-v,--verbose", args.verbose, "report setup details on stderr");
-    // Everything after IMAGE belongs to the command, even words that look like options.
-    run->prefix_command();
+    run->footer("Everything after IMAGE (or after --) is the command, even words that look like "
+                "options.");
     return run;
+}
+
+size_t find_image_argument(const CLI::App& run, const std::vector<std::string>& args) {
+    for (size_t i = 0; i < args.size(); ++i) {
+        const std::string& arg = args[i];
+        if (arg == "--") return i + 1 < args.size() ? i + 1 : args.size();
+        if (arg.size() < 2 || arg[0] != '-') return i;
+        if (arg.find('=') != std::string::npos) continue;  // --opt=value
+        const CLI::Option* option = run.get_option_no_throw(arg);
+        // A short option with its value attached ("-m/a:/b") is one word too.
+        if (option == nullptr && arg[1] != '-' && arg.size() > 2) {
+            option = run.get_option_no_throw(arg.substr(0, 2));
+            if (option != nullptr) continue;
+        }
+        if (option != nullptr && option->get_items_expected_min() > 0) ++i;  // skip its value
+    }
+    return args.size();
 }
 
 BindMount parse_mount_option(const std::string& value) {

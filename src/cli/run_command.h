@@ -41,6 +41,11 @@ struct RunArguments {
 // Declares the `run` subcommand's options on `app`, bound to `args`.
 CLI::App* add_run_subcommand(CLI::App& app, RunArguments& args);
 
+// Index of IMAGE in the words after "run": the first word that is neither an option nor an
+// option's value (or the word after "--"). Everything after it is the payload's command, so
+// "sqbox run img python3 -c ..." never parses "-c" as sqbox's own.
+size_t find_image_argument(const CLI::App& run, const std::vector<std::string>& args);
+
 // Validates and converts; throws Error with a one-line message naming the bad option.
 // `lookup_env` reads the caller's environment (for --env KEY).
 RunOptions build_run_options(const RunArguments& args);

@@ -46,6 +46,7 @@ void mount_devices(int root_fd, bool create_mount_point, uint64_t shm_size_bytes
         if (!target) throw system_error("cannot open " + what);
         UniqueFd node =
             clone_mount_tree(AT_FDCWD, std::string(kOldRootDir) + "/dev/" + name, false, what);
+        set_mount_attributes(node.get(), MountAttr::kNoSuid | MountAttr::kNoExec, 0, false, what);
         attach_mount(node.get(), target.get(), what);
     }
 

@@ -33,6 +33,9 @@ int64_t to_ns(const timeval& tv) {
 // PR_SET_PDEATHSIG uses the lifeline pipe instead.
 void die_with_supervisor(int lifeline_fd) {
     if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) throw system_error("prctl(PR_SET_PDEATHSIG)");
+    // Init runs sqbox's binary inside the sandbox: keep /proc/1/{exe,mem,fd,...} closed to the
+    // payload, which runs with the same uid. (execve makes the payload itself dumpable again.)
+    if (::prctl(PR_SET_DUMPABLE, 0) != 0) throw system_error("prctl(PR_SET_DUMPABLE)");
     pollfd pfd{lifeline_fd, POLLIN, 0};
     if (::poll(&pfd, 1, 0) != 0) ::_exit(kExitSqboxFailure);  // EOF/HUP: supervisor already gone
 }

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sched.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -75,6 +76,9 @@ void run_supervisor(const SupervisorContext& context) {
                             config.map_root ? 0 : config.outside_gid, config.outside_uid,
                             config.outside_gid};
         write_own_id_maps(ids);
+        // Not dumpable (only now: it makes /proc/self/uid_map root-owned): nothing at the
+        // caller's uid may ptrace the supervisor or open its /proc/<pid>/mem, fd, ...
+        if (::prctl(PR_SET_DUMPABLE, 0) != 0) throw system_error("prctl(PR_SET_DUMPABLE)");
         UniqueFd fuse;
         if (image.kind == ImageSource::Kind::kSquashfs) {
             fuse.reset(::open("/dev/fuse", O_RDWR | O_CLOEXEC));

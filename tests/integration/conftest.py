@@ -1,0 +1,59 @@
+"""Shared fixtures: the real sqbox binary and real images, run as whoever runs pytest.
+
+scripts/test runs this suite twice when started as root: once as root and once as an
+unprivileged user created for the purpose.
+"""
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _image(name):
+    env_name = f"SQBOX_{name.upper()}_IMAGE"
+    path = os.environ.get(env_name)
+    if not path:
+        path = subprocess.run([str(ROOT / "images" / "build"), name], check=True,
+                              stdout=subprocess.PIPE, text=True).stdout.strip()
+    assert Path(path).is_file(), f"{env_name}: {path} missing"
+    return path
+
+
+@pytest.fixture(scope="session")
+def sqbox_bin():
+    path = os.environ.get("SQBOX_BIN", str(ROOT / "build" / "sqbox"))
+    assert os.access(path, os.X_OK), f"sqbox binary not found at {path}; build first"
+    return path
+
+
+@pytest.fixture(scope="session")
+def busybox_image():
+    return _image("busybox")
+
+
+@pytest.fixture(scope="session")
+def python_image():
+    return _image("python")
+
+
+class Sqbox:
+    def __init__(self, binary):
+        self.binary = binary
+
+    def run(self, image, *command, options=(), input=None, timeout=60, env=None, text=True):
+        """Runs `sqbox run [options] image -- command...` and returns the CompletedProcess."""
+        argv = [self.binary, "run", *options, image, "--", *command]
+        return subprocess.run(argv, input=input, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              timeout=timeout, env=env, text=text)
+
+    def popen(self, image, *command, options=(), **kwargs):
+        argv = [self.binary, "run", *options, image, "--", *command]
+        return subprocess.Popen(argv, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def sqbox(sqbox_bin):
+    return Sqbox(sqbox_bin)

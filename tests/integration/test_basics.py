@@ -1,0 +1,149 @@
+"""sqbox run: running commands, exit statuses, stdio, environment, results."""
+import json
+import os
+import signal
+import subprocess
+import time
+
+
+def test_python_prints_hello(sqbox, python_image):
+    result = sqbox.run(python_image, "python3", "-c", 'print("hello")')
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "hello\n"
+    assert result.stderr == ""
+
+
+def test_options_after_image_without_double_dash_belong_to_the_command(sqbox_bin, busybox_image):
+    result = subprocess.run([sqbox_bin, "run", busybox_image, "echo", "-n", "--timeout"],
+                            stdout=subprocess.PIPE, text=True)
+    assert result.returncode == 0
+    assert result.stdout == "--timeout"
+
+
+def test_exit_code_passes_through(sqbox, busybox_image):
+    assert sqbox.run(busybox_image, "sh", "-c", "exit 42").returncode == 42
+    assert sqbox.run(busybox_image, "sh", "-c", "exit 0").returncode == 0
+
+
+def test_death_by_signal_is_128_plus_n(sqbox, busybox_image):
+    assert sqbox.run(busybox_image, "sh", "-c", "kill -TERM $$").returncode == 128 + signal.SIGTERM
+    assert sqbox.run(busybox_image, "sh", "-c", "kill -KILL $$").returncode == 128 + signal.SIGKILL
+
+
+def test_command_not_found_is_127_with_one_line(sqbox, busybox_image):
+    result = sqbox.run(busybox_image, "no-such-command")
+    assert result.returncode == 127
+    assert result.stderr == "sqbox: no-such-command: command not found\n"
+
+
+def test_command_not_executable_is_126(sqbox, busybox_image):
+    result = sqbox.run(busybox_image, "/etc/passwd")
+    assert result.returncode == 126
+    assert result.stderr.startswith("sqbox: /etc/passwd: cannot execute")
+    assert result.stderr.count("\n") == 1
+
+
+def test_stdio_is_binary_safe(sqbox, busybox_image):
+    data = os.urandom(3 * 1024 * 1024) + b"\x00\r\n\xff"
+    result = sqbox.run(busybox_image, "cat", input=data, text=False)
+    assert result.returncode == 0
+    assert result.stdout == data
+    result = sqbox.run(busybox_image, "sh", "-c", "cat >&2", input=b"to stderr\x00", text=False)
+    assert result.stderr == b"to stderr\x00"
+
+
+def test_environment_is_clean(sqbox, python_image):
+    env = dict(os.environ, SQBOX_TEST_SECRET="api-key-123", SQBOX_TEST_COPY="copied")
+    result = sqbox.run(python_image, "python3", "-c",
+                       "import os, json; print(json.dumps(dict(os.environ)))",
+                       options=["--env", "EXPLICIT=yes", "--env", "SQBOX_TEST_COPY"], env=env)
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout)
+    assert "SQBOX_TEST_SECRET" not in seen
+    assert "api-key-123" not in result.stdout
+    assert seen["EXPLICIT"] == "yes"
+    assert seen["SQBOX_TEST_COPY"] == "copied"
+    assert seen["LANG"] == "C.UTF-8"  # from the image's /etc/environment
+    assert seen["PATH"].startswith("/usr/local/sbin:")
+    assert set(seen) <= {"PATH", "HOME", "TERM", "LANG", "EXPLICIT", "SQBOX_TEST_COPY", "PWD", "LC_CTYPE"}
+
+
+def test_env_overrides_image_environment(sqbox, python_image):
+    result = sqbox.run(python_image, "sh", "-c", 'echo "$LANG"', options=["--env", "LANG=C"])
+    assert result.stdout == "C\n"
+
+
+def test_workdir(sqbox, busybox_image):
+    assert sqbox.run(busybox_image, "pwd").stdout == "/\n"
+    assert sqbox.run(busybox_image, "pwd", options=["--workdir", "/etc"]).stdout == "/etc\n"
+    result = sqbox.run(busybox_image, "pwd", options=["--workdir", "/nonexistent"])
+    assert result.returncode == 125
+    assert "--workdir /nonexistent" in result.stderr
+
+
+def test_json_record(sqbox, python_image, tmp_path):
+    record_path = tmp_path / "result.json"
+    result = sqbox.run(python_image, "python3", "-c",
+                       "x = bytearray(64 * 1024 * 1024); import sys; sys.exit(3)",
+                       options=["--json", str(record_path)])
+    assert result.returncode == 3
+    record = json.loads(record_path.read_text())
+    assert record["exit_code"] == 3
+    assert record["payload_exit_code"] == 3
+    assert record["signal"] is None
+    assert record["timed_out"] is False
+    assert record["started"] is True
+    assert record["error"] is None
+    assert 0 < record["wall_ms"] < 30000
+    assert record["cpu_ms"] > 0
+    assert record["peak_rss_bytes"] > 64 * 1024 * 1024
+
+
+def test_json_record_for_a_signal_and_for_a_failure(sqbox, busybox_image, tmp_path):
+    record_path = tmp_path / "r.json"
+    sqbox.run(busybox_image, "sh", "-c", "kill -SEGV $$", options=["--json", str(record_path)])
+    record = json.loads(record_path.read_text())
+    assert record["exit_code"] == 128 + signal.SIGSEGV
+    assert record["signal"] == signal.SIGSEGV
+    assert record["payload_exit_code"] is None
+
+    sqbox.run(busybox_image, "no-such-command", options=["--json", str(record_path)])
+    record = json.loads(record_path.read_text())
+    assert record["exit_code"] == 127
+    assert record["started"] is False
+    assert "command not found" in record["error"]
+
+
+def test_signals_are_forwarded_to_the_payload(sqbox, python_image):
+    script = ("import signal, sys, time\n"
+              "def bye(sig, frame):\n"
+              "    print('got', sig, flush=True); sys.exit(7)\n"
+              "signal.signal(signal.SIGTERM, bye)\n"
+              "signal.signal(signal.SIGINT, bye)\n"
+              "print('ready', flush=True)\n"
+              "time.sleep(60)\n")
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        proc = sqbox.popen(python_image, "python3", "-c", script, stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline() == "ready\n"
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=20)
+        assert out == f"got {int(sig)}\n"
+        assert proc.returncode == 7
+
+
+def test_orphans_die_with_the_payload(sqbox, busybox_image):
+    start = time.monotonic()
+    result = sqbox.run(busybox_image, "sh", "-c", "sleep 1000 & sleep 1000 & echo started")
+    assert result.returncode == 0
+    assert result.stdout == "started\n"
+    assert time.monotonic() - start < 20
+
+
+def test_directory_image(sqbox, busybox_image, tmp_path):
+    rootfs = tmp_path / "rootfs"
+    subprocess.run(["unsquashfs", "-q", "-n", "-d", str(rootfs), busybox_image], check=True,
+                   stdout=subprocess.DEVNULL)
+    result = sqbox.run(str(rootfs), "sh", "-c", "echo from-dir > /written; cat /written; hostname")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "from-dir\nsandbox\n"
+    assert not (rootfs / "written").exists()

@@ -1,0 +1,203 @@
+"""What the payload can see and reach: processes, files, network, identity."""
+import hashlib
+import os
+import socket
+import threading
+
+import pytest
+
+
+def test_only_sandbox_processes_are_visible(sqbox, busybox_image):
+    result = sqbox.run(busybox_image, "sh", "-c", "ls -d /proc/[0-9]* | wc -l; cat /proc/1/status")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    # init, sh, and the subshells of the pipeline: never the host's hundreds of processes.
+    assert int(lines[0]) <= 5
+    assert f"Pid:\t1" in result.stdout
+
+
+def test_host_processes_cannot_be_signalled(sqbox, busybox_image):
+    host_pid = os.getpid()
+    result = sqbox.run(busybox_image, "sh", "-c", f"kill -0 {host_pid} && echo reached")
+    assert "reached" not in result.stdout
+
+
+def test_hostname_and_uts(sqbox, busybox_image):
+    assert sqbox.run(busybox_image, "hostname").stdout == "sandbox\n"
+    assert sqbox.run(busybox_image, "cat", "/etc/hostname").stdout == "sandbox\n"
+    assert sqbox.run(busybox_image, "hostname", options=["--hostname", "box7"]).stdout == "box7\n"
+
+
+def test_user_mapping(sqbox, busybox_image):
+    uid, gid = os.geteuid(), os.getegid()
+    result = sqbox.run(busybox_image, "sh", "-c", "id -u; id -g; cat /proc/self/uid_map")
+    lines = result.stdout.split()
+    assert lines[:2] == [str(uid), str(gid)]
+    assert lines[2:] == [str(uid), str(uid), "1"]
+    result = sqbox.run(busybox_image, "sh", "-c", "id -u; cat /proc/self/uid_map", options=["--root"])
+    assert result.stdout.split() == ["0", "0", str(uid), "1"]
+
+
+def test_no_capabilities_and_no_new_privs(sqbox, busybox_image):
+    for options in ([], ["--root"]):
+        status = sqbox.run(busybox_image, "cat", "/proc/self/status", options=options).stdout
+        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+        for name in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+            assert int(fields[name], 16) == 0, (options, name, fields[name])
+        assert fields["NoNewPrivs"].strip() == "1"
+
+
+def test_host_files_are_absent(sqbox, busybox_image, tmp_path):
+    marker = tmp_path / "host-marker"
+    marker.write_text("secret")
+    result = sqbox.run(busybox_image, "sh", "-c",
+                       f"cat {marker}; ls /oldroot /home /work 2>&1; cat /etc/shadow; "
+                       "grep -c . /proc/self/mountinfo")
+    assert "secret" not in result.stdout
+    assert "/oldroot" not in result.stdout.replace("ls: /oldroot", "")
+    # Only the sandbox's own mounts: root, proc, dev (+6 devices, pts, shm), tmp.
+    assert int(result.stdout.split()[-1]) <= 12
+
+
+def test_mountinfo_shows_no_host_paths(sqbox, busybox_image):
+    mountinfo = sqbox.run(busybox_image, "cat", "/proc/self/mountinfo").stdout
+    mount_points = {line.split()[4] for line in mountinfo.splitlines()}
+    assert mount_points <= {"/", "/proc", "/dev", "/dev/null", "/dev/zero", "/dev/full",
+                            "/dev/random", "/dev/urandom", "/dev/tty", "/dev/pts", "/dev/shm",
+                            "/tmp"}
+
+
+def test_dev_has_only_harmless_devices(sqbox, busybox_image):
+    result = sqbox.run(busybox_image, "sh", "-c",
+                       "ls /dev; echo x > /dev/null && head -c 4 /dev/urandom | wc -c; "
+                       "echo y > /dev/shm/f && cat /dev/shm/f; touch /dev/new 2>&1")
+    listing = result.stdout.split()
+    for forbidden in ("sda", "vda", "kmsg", "mem", "fuse", "console", "loop0"):
+        assert forbidden not in listing
+    assert "4" in listing and "y" in listing
+    assert "Read-only file system" in result.stdout
+
+
+def test_no_sysfs_from_the_host(sqbox, busybox_image):
+    result = sqbox.run(busybox_image, "sh", "-c", "ls -A /sys | wc -l")
+    assert result.stdout.strip() == "0"
+
+
+def test_network_is_loopback_only(sqbox, python_image):
+    script = ("import socket\n"
+              "print(sorted(open('/proc/net/dev').read().split()[20::17]))\n")
+    result = sqbox.run(python_image, "python3", "-c",
+                       "import os; print(sorted(os.listdir('/sys/class/net')) if os.path.exists('/sys/class/net') else 'nosys');"
+                       "print([l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:]])")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[1] == "['lo']"
+
+
+def test_host_loopback_services_are_unreachable(sqbox, python_image):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    accepted = []
+
+    def accept():
+        server.settimeout(10)
+        try:
+            accepted.append(server.accept())
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=accept)
+    thread.start()
+    script = (f"import socket\n"
+              f"try:\n"
+              f"    socket.create_connection(('127.0.0.1', {port}), timeout=3); print('connected')\n"
+              f"except OSError as e:\n"
+              f"    print('refused', type(e).__name__)\n")
+    result = sqbox.run(python_image, "python3", "-c", script)
+    server.close()
+    thread.join()
+    assert result.stdout.startswith("refused"), result.stdout + result.stderr
+    assert not accepted
+
+
+def test_loopback_inside_works(sqbox, python_image):
+    script = ("import socket\n"
+              "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(1)\n"
+              "c = socket.create_connection(s.getsockname()); a, _ = s.accept()\n"
+              "c.sendall(b'ping'); print(a.recv(4).decode())\n")
+    assert sqbox.run(python_image, "python3", "-c", script).stdout == "ping\n"
+
+
+def test_writes_vanish_and_the_image_is_untouched(sqbox, busybox_image):
+    digest = hashlib.sha256(open(busybox_image, "rb").read()).hexdigest()
+    first = sqbox.run(busybox_image, "sh", "-c",
+                      "echo changed > /etc/passwd && echo new > /root/file && rm /bin/ls && "
+                      "cat /etc/passwd /root/file")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == "changed\nnew\n"
+    second = sqbox.run(busybox_image, "sh", "-c", "cat /root/file; grep -c root /etc/passwd; ls / >/dev/null && echo ls-ok")
+    assert "new" not in second.stdout
+    assert second.stdout.splitlines()[-2:] == ["1", "ls-ok"]
+    assert hashlib.sha256(open(busybox_image, "rb").read()).hexdigest() == digest
+
+
+def test_read_only_root_keeps_tmp_writable(sqbox, busybox_image):
+    result = sqbox.run(busybox_image, "sh", "-c",
+                       "touch /etc/x 2>&1; echo ok > /tmp/f && cat /tmp/f",
+                       options=["--read-only"])
+    assert "Read-only file system" in result.stdout
+    assert result.stdout.endswith("ok\n")
+
+
+def test_tmpfs_size_caps_writes(sqbox, busybox_image):
+    result = sqbox.run(busybox_image, "sh", "-c",
+                       "dd if=/dev/zero of=/tmp/big bs=1M count=64 2>&1; "
+                       "dd if=/dev/zero of=/root/big bs=1M count=64 2>&1",
+                       options=["--tmpfs-size", "16M"])
+    assert result.stdout.count("No space left on device") == 2
+
+
+def test_bind_mounts(sqbox, busybox_image, tmp_path):
+    task = tmp_path / "task"
+    task.mkdir()
+    (task / "input.txt").write_text("input")
+    out = tmp_path / "out"
+    out.mkdir()
+    single = tmp_path / "single.txt"
+    single.write_text("one file")
+    result = sqbox.run(busybox_image, "sh", "-c",
+                       "cat /work/input.txt; echo; touch /work/x 2>&1; echo result > /out/r; "
+                       "cat /deep/new/dir/single.txt",
+                       options=["--mount", f"{task}:/work:ro", "--mount", f"{out}:/out",
+                                "--mount", f"{single}:/deep/new/dir/single.txt:ro"])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("input\n")
+    assert "Read-only file system" in result.stdout
+    assert result.stdout.endswith("one file")
+    assert (out / "r").read_text() == "result\n"
+    assert not (task / "x").exists()
+
+
+def test_mount_destination_through_a_symlink_is_refused(sqbox, busybox_image, tmp_path):
+    # busybox's /bin/sh is a symlink in the image
+    result = sqbox.run(busybox_image, "true", options=["--mount", f"{tmp_path}:/bin/sh/x"])
+    assert result.returncode == 125
+    assert result.stderr.count("\n") == 1
+    assert "/bin/sh is a symlink" in result.stderr
+
+
+def test_symlink_escape_in_a_directory_image_is_refused(sqbox, busybox_image, tmp_path):
+    import subprocess
+    rootfs = tmp_path / "rootfs"
+    subprocess.run(["unsquashfs", "-q", "-n", "-d", str(rootfs), busybox_image], check=True,
+                   stdout=subprocess.DEVNULL)
+    os.symlink("/../../../../" + str(tmp_path), rootfs / "escape")
+    target = tmp_path / "victim"
+    target.mkdir()
+    src = tmp_path / "src"
+    src.mkdir()
+    result = sqbox.run(str(rootfs), "true", options=["--mount", f"{src}:/escape/victim/m"])
+    assert result.returncode == 125
+    assert "symlink" in result.stderr
+    assert list(target.iterdir()) == []
