@@ -72,37 +72,47 @@ struct GeneratedFile {
     std::string content;
 };
 
-// In a writable root the files are written into the upper layer, replacing whatever the image has
-// there (a symlink included, never followed). In a read-only root they are bind-mounted over
-// existing regular files, and skipped where the image has none.
-void install_etc_files(int root_fd, bool writable, const std::vector<GeneratedFile>& files) {
-    if (writable) {
+// Writes the file into a writable root, replacing whatever the image has there (a symlink
+// included, never followed). Returns false where the image's /etc may not be changed by the
+// sandbox user (a directory image owned by someone else), so the caller binds instead.
+bool write_into_root(int root_fd, const GeneratedFile& file) {
+    const std::string path = std::string("/etc/") + file.name;
+    try {
         UniqueFd etc = resolve_in_root(root_fd, "/etc", EntryKind::kDirectory, true, "/etc");
-        for (const auto& file : files) {
-            const std::string path = std::string("/etc/") + file.name;
-            if (::unlinkat(etc.get(), file.name, 0) != 0 && errno != ENOENT) {
-                throw system_error("cannot replace " + path + " in the sandbox");
-            }
-            write_file_at(etc.get(), file.name, file.content, O_EXCL | O_NOFOLLOW);
+        if (::unlinkat(etc.get(), file.name, 0) != 0 && errno != ENOENT) {
+            throw system_error("cannot replace " + path + " in the sandbox");
         }
+        write_file_at(etc.get(), file.name, file.content, O_EXCL | O_NOFOLLOW);
+        return true;
+    } catch (const Error& e) {
+        if (e.system_errno() == EACCES || e.system_errno() == EPERM) return false;
+        throw;
+    }
+}
+
+// Bind-mounts a staged copy over an existing regular file; skipped where the image has none (or
+// has a symlink there): a read-only root cannot gain new files.
+void bind_over_root(int root_fd, const GeneratedFile& file) {
+    const std::string path = std::string("/etc/") + file.name;
+    UniqueFd target;
+    try {
+        target = resolve_in_root(root_fd, path, EntryKind::kFile, false, path);
+    } catch (const Error&) {
         return;
     }
     const std::string staging = std::string(kSandboxDir) + "/etc";
     if (::mkdir(staging.c_str(), 0755) != 0 && errno != EEXIST) {
         throw system_error("cannot create " + staging);
     }
+    const std::string source = staging + "/" + file.name;
+    write_file_at(AT_FDCWD, source, file.content);
+    UniqueFd tree = clone_mount_tree(AT_FDCWD, source, false, path);
+    attach_mount(tree.get(), target.get(), path);
+}
+
+void install_etc_files(int root_fd, bool writable, const std::vector<GeneratedFile>& files) {
     for (const auto& file : files) {
-        const std::string path = std::string("/etc/") + file.name;
-        UniqueFd target;
-        try {
-            target = resolve_in_root(root_fd, path, EntryKind::kFile, false, path);
-        } catch (const Error&) {
-            continue;  // absent or a symlink in a read-only image: leave the image's own
-        }
-        const std::string source = staging + "/" + file.name;
-        write_file_at(AT_FDCWD, source, file.content);
-        UniqueFd tree = clone_mount_tree(AT_FDCWD, source, false, path);
-        attach_mount(tree.get(), target.get(), path);
+        if (!writable || !write_into_root(root_fd, file)) bind_over_root(root_fd, file);
     }
 }
 

@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""Cold-start benchmark: wall time of `python3 -c pass` in a fresh sandbox.
+
+Compares, interleaved in one run, a plain chroot into the extracted image
+(native), bubblewrap with all namespaces on the extracted directory, sqbox on the
+.sqsh image and sqbox on the extracted directory; then reports the peak RSS of
+sqbox's own processes (launcher, supervisor, FUSE server, init).
+
+Usage: bench/cold_start.py [--image PATH] [--rounds N] [--as-user USER] [--json FILE]
+See bench/README.md for how to read the output.
+"""
+
+import argparse
+import json
+import os
+import pwd
+import select
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAYLOAD = ["python3", "-c", "pass"]
+WARMUP_ROUNDS = 3
+RSS_TARGET_KB = 10 * 1024  # supervisor + FUSE server budget: 10 MiB
+
+
+def die(msg):
+    sys.exit(f"cold_start: {msg}")
+
+
+def default_image():
+    # images/build prints only the .sqsh path on stdout (build chatter goes to stderr).
+    out = subprocess.run([os.path.join(REPO, "images", "build"), "python"],
+                         stdout=subprocess.PIPE, check=True, text=True).stdout
+    return out.strip().splitlines()[-1]
+
+
+def as_user(user, cmd):
+    return ["runuser", "-u", user, "--"] + cmd if user else cmd
+
+
+def extract(image, workdir, user):
+    """unsquashfs IMAGE into WORKDIR/rootfs and return that path.
+
+    With --as-user the user extracts it, so it owns the files: sqbox run on a
+    directory as an unprivileged user needs a rootfs that user owns (root-owned
+    files map to nobody in its user namespace and cannot be replaced, e.g.
+    /etc/hostname), which is also the realistic case of a user's own rootfs.
+    """
+    rootfs = os.path.join(workdir, "rootfs")
+    if user:
+        pw = pwd.getpwnam(user)
+        os.chown(workdir, pw.pw_uid, pw.pw_gid)
+    subprocess.run(as_user(user, ["unsquashfs", "-q", "-n", "-d", rootfs, image]),
+                   stdout=subprocess.DEVNULL, check=True)
+    return rootfs
+
+
+def commands(sqbox, image, rootfs, user):
+    """(name, argv) for each row; every row goes through runuser when --as-user."""
+    if os.geteuid() == 0 and not user:
+        native = ("native (chroot)", ["chroot", rootfs] + PAYLOAD)
+    else:
+        # chroot needs CAP_SYS_CHROOT: take it in a fresh user namespace.
+        native = ("native (unshare -r chroot)", ["unshare", "-r", "chroot", rootfs] + PAYLOAD)
+    rows = [
+        native,
+        ("bwrap --unshare-all (dir)",
+         ["bwrap", "--unshare-all", "--die-with-parent", "--new-session",
+          "--bind", rootfs, "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+         + PAYLOAD),
+        ("sqbox run IMAGE.sqsh", [sqbox, "run", image, "--"] + PAYLOAD),
+        ("sqbox run ROOTFS (dir)", [sqbox, "run", rootfs, "--"] + PAYLOAD),
+    ]
+    return [(name, as_user(user, argv)) for name, argv in rows]
+
+
+def time_once(argv):
+    t0 = time.perf_counter()
+    res = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    dt = time.perf_counter() - t0
+    if res.returncode != 0:
+        # Rerun with stderr visible so the failure is diagnosable.
+        res = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+        die(f"exit {res.returncode}: {' '.join(argv)}\n{res.stderr}")
+    return dt * 1000.0
+
+
+def measure(rows, rounds):
+    """Round-robin: one sample of each row per round, so machine noise hits all rows alike."""
+    samples = {name: [] for name, _ in rows}
+    n = len(rows)
+    for r in range(WARMUP_ROUNDS + rounds):
+        # Rotate the starting row each round so no row always runs right after another.
+        for i in range(n):
+            name, argv = rows[(r + i) % n]
+            ms = time_once(argv)
+            if r >= WARMUP_ROUNDS:
+                samples[name].append(ms)
+    return samples
+
+
+def summarize(values):
+    dec = statistics.quantiles(values, n=10, method="inclusive")
+    return {"median": statistics.median(values), "p10": dec[0], "p90": dec[8]}
+
+
+# ---- peak RSS of sqbox's own processes ----
+
+def read_children(pid):
+    kids = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids += [int(x) for x in f.read().split()]
+    except FileNotFoundError:
+        pass
+    return kids
+
+
+def comm(pid):
+    with open(f"/proc/{pid}/comm") as f:
+        return f.read().strip()
+
+
+def vm_hwm_kb(pid):
+    # /proc/PID/status stays readable (0444) even for the non-dumpable supervisor and init.
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no VmHWM for pid {pid}")
+
+
+def descendants(pid):
+    out = []
+    for c in read_children(pid):
+        out += [c] + descendants(c)
+    return out
+
+
+def measure_rss(sqbox, image, user):
+    """Peak RSS (kB) of launcher, supervisor, FUSE server and init while the payload sleeps."""
+    script = 'import time; print("ready", flush=True); time.sleep(2)'
+    argv = as_user(user, [sqbox, "run", image, "--", "python3", "-c", script])
+    sq_comm = os.path.basename(sqbox)[:15]  # comm is the exe name, truncated to 15 chars
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        line = proc.stdout.readline() if ready else b""
+        if line.strip() != b"ready":
+            proc.kill()
+            die(f"payload never said ready: {proc.communicate()[1].decode(errors='replace')}")
+
+        # Skip runuser (with --as-user) down to the first sqbox process: the launcher.
+        launcher = proc.pid
+        while comm(launcher) != sq_comm:
+            kids = read_children(launcher)
+            if len(kids) != 1:
+                die(f"cannot find the sqbox launcher below pid {proc.pid}")
+            launcher = kids[0]
+        kids = [k for k in read_children(launcher) if comm(k) == sq_comm]
+        if len(kids) != 1:
+            die(f"expected one supervisor below launcher {launcher}, found {kids}")
+        supervisor = kids[0]
+
+        rss = {"launcher": vm_hwm_kb(launcher), "supervisor": vm_hwm_kb(supervisor)}
+        pids = {"launcher": launcher, "supervisor": supervisor}
+        fuse = []
+        for k in read_children(supervisor):
+            if comm(k) != sq_comm:
+                continue
+            # init is the sqbox child whose subtree holds the payload (comm python3).
+            if any(comm(d) == "python3" for d in descendants(k)):
+                rss["init"], pids["init"] = vm_hwm_kb(k), k
+            else:
+                fuse.append(k)
+        if len(fuse) != 1 or "init" not in rss:
+            die(f"unexpected process tree below supervisor {supervisor}")
+        rss["fuse_server"], pids["fuse_server"] = vm_hwm_kb(fuse[0]), fuse[0]
+    finally:
+        _, err = proc.communicate(timeout=30)
+    if proc.returncode != 0:
+        die(f"rss run exited {proc.returncode}: {err.decode(errors='replace')}")
+    return rss, pids
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--image", help=".sqsh image (default: images/build python)")
+    ap.add_argument("--sqbox", default=os.path.join(REPO, "build", "sqbox"),
+                    help="sqbox binary (default: build/sqbox)")
+    ap.add_argument("--rounds", type=int, default=40, help="measured rounds (default 40)")
+    ap.add_argument("--as-user", metavar="USER",
+                    help="run every row via `runuser -u USER --` (needs root)")
+    ap.add_argument("--json", metavar="FILE", help="also write all figures to FILE")
+    args = ap.parse_args()
+
+    if args.rounds < 2:
+        die("--rounds must be at least 2")
+    if args.as_user and os.geteuid() != 0:
+        die("--as-user needs root (runuser)")
+    sqbox = os.path.abspath(args.sqbox)
+    if not os.access(sqbox, os.X_OK):
+        die(f"no sqbox binary at {sqbox}; build it with `cmake --build build`")
+    image = os.path.abspath(args.image) if args.image else default_image()
+
+    workdir = tempfile.mkdtemp(prefix="sqbox-bench-")
+    try:
+        rootfs = extract(image, workdir, args.as_user)
+        rows = commands(sqbox, image, rootfs, args.as_user)
+        samples = measure(rows, args.rounds)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    rss, pids = measure_rss(sqbox, image, args.as_user)
+
+    stats = {name: summarize(v) for name, v in samples.items()}
+    names = [name for name, _ in rows]
+    native, bwrap, sq_img = names[0], names[1], names[2]
+    for name in names:
+        stats[name]["x_native"] = stats[name]["median"] / stats[native]["median"]
+        stats[name]["x_bwrap"] = stats[name]["median"] / stats[bwrap]["median"]
+
+    via = f", every row via runuser -u {args.as_user}" if args.as_user else ""
+    print(f"image: {image}")
+    print(f"{args.rounds} rounds (+{WARMUP_ROUNDS} warm-up), interleaved{via}; "
+          f"times are wall ms of `{' '.join(PAYLOAD)}`")
+    print()
+    w = max(len(n) for n in names)
+    print(f"{'row':<{w}}  {'median':>8}  {'p10':>8}  {'p90':>8}  {'x native':>8}  {'x bwrap':>8}")
+    for name in names:
+        s = stats[name]
+        print(f"{name:<{w}}  {s['median']:8.2f}  {s['p10']:8.2f}  {s['p90']:8.2f}  "
+              f"{s['x_native']:8.2f}  {s['x_bwrap']:8.2f}")
+    print()
+    print(f"sqbox cold start: {stats[sq_img]['x_native']:.2f} x native, "
+          f"{stats[sq_img]['x_bwrap']:.2f} x bubblewrap")
+    print()
+
+    own = rss["supervisor"] + rss["fuse_server"]
+    print("peak RSS (VmHWM) of sqbox's processes, sqbox run IMAGE.sqsh:")
+    for role in ("launcher", "supervisor", "fuse_server", "init"):
+        print(f"  {role:<12} pid {pids[role]:<8} {rss[role]:>7} kB")
+    verdict = "within" if own <= RSS_TARGET_KB else "OVER"
+    print(f"  supervisor + FUSE server: {own} kB ({own / 1024:.1f} MiB), "
+          f"{verdict} the 10 MiB target ({RSS_TARGET_KB} kB)")
+
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({
+                "image": image, "sqbox": sqbox, "rounds": args.rounds,
+                "warmup_rounds": WARMUP_ROUNDS, "as_user": args.as_user,
+                "rows": [{"name": name, "argv": argv, "samples_ms": samples[name],
+                          **stats[name]} for name, argv in rows],
+                "sqbox_x_native": stats[sq_img]["x_native"],
+                "sqbox_x_bwrap": stats[sq_img]["x_bwrap"],
+                "rss_kb": rss, "rss_pids": pids,
+                "supervisor_plus_fuse_kb": own, "rss_target_kb": RSS_TARGET_KB,
+            }, f, indent=2)
+            f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
