@@ -41,7 +41,8 @@ struct SandboxConfig {
 
     bool map_root = false;        // caller appears as uid/gid 0 inside (enroot --root)
     bool read_only_root = false;  // no overlay: read-only root with a writable /tmp
-    uint64_t tmpfs_size_bytes = kGiB;  // cap of each writable tmpfs (root upper layer, /tmp, /dev/shm)
+    uint64_t tmpfs_size_bytes =
+        kGiB;  // cap of each writable tmpfs (root upper layer, /tmp, /dev/shm)
 
     std::optional<double> timeout_seconds;
     ResourceLimits limits;

@@ -1,7 +1,7 @@
 // sqbox: command-line entry point.
-#include <csignal>
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <csignal>
 #include <iostream>
 
 #include "cli/run_command.h"
@@ -9,7 +9,9 @@
 
 namespace {
 
-std::string program_version() { return "sqbox 0.1.0"; }
+std::string program_version() {
+    return "sqbox 0.1.0";
+}
 
 int run_main(int argc, char** argv) {
     CLI::App app{"sqbox: a rootless, isolated sandbox for running commands from squashfs images"};

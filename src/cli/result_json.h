@@ -13,11 +13,11 @@ std::string result_to_json(const RunResult& result);
 
 // A result file opened up front (so a bad path fails before the sandbox runs) and written once.
 class JsonResultFile {
-public:
+  public:
     explicit JsonResultFile(const std::string& path);  // throws Error
     bool write(const RunResult& result);
 
-private:
+  private:
     std::string path_;
     UniqueFd fd_;
 };

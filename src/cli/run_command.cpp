@@ -71,17 +71,16 @@ CLI::App* add_run_subcommand(CLI::App& app, RunArguments& args) {
         ->type_name("SECONDS");
     run->add_option("--cpu-time", args.cpu_time, "CPU time limit (RLIMIT_CPU)")
         ->type_name("SECONDS");
-    run->add_option("--memory", args.memory, "address-space limit (RLIMIT_AS)")
-        ->type_name("SIZE");
+    run->add_option("--memory", args.memory, "address-space limit (RLIMIT_AS)")->type_name("SIZE");
     run->add_option("--pids", args.pids, "process limit (RLIMIT_NPROC)")->type_name("N");
     run->add_option("--fsize", args.fsize, "largest file the payload may write (RLIMIT_FSIZE)")
         ->type_name("SIZE");
     run->add_option("--nofile", args.nofile, "open file limit (RLIMIT_NOFILE)")->type_name("N");
-    run->add_option("--json", args.json, "write a JSON result record to FILE")
-        ->type_name("FILE");
+    run->add_option("--json", args.json, "write a JSON result record to FILE")->type_name("FILE");
     run->add_flag("-v,--verbose", args.verbose, "report setup details on stderr");
-    run->footer("Everything after IMAGE (or after --) is the command, even words that look like "
-                "options.");
+    run->footer(
+        "Everything after IMAGE (or after --) is the command, even words that look like "
+        "options.");
     return run;
 }
 
@@ -109,9 +108,8 @@ BindMount parse_mount_option(const std::string& value) {
     size_t second = value.find(':', first + 1);
     BindMount mount;
     std::string source = value.substr(0, first);
-    std::string destination = value.substr(first + 1, second == std::string::npos
-                                                         ? std::string::npos
-                                                         : second - first - 1);
+    std::string destination = value.substr(
+        first + 1, second == std::string::npos ? std::string::npos : second - first - 1);
     if (second != std::string::npos) {
         std::string mode = value.substr(second + 1);
         if (mode == "ro") {
@@ -152,7 +150,8 @@ RunOptions build_run_options(const RunArguments& args) {
         config.tmpfs_size_bytes = parse_size(args.tmpfs_size, "--tmpfs-size");
     }
     if (!args.timeout.empty()) config.timeout_seconds = parse_seconds(args.timeout, "--timeout");
-    if (!args.cpu_time.empty()) config.limits.cpu_seconds = parse_count(args.cpu_time, "--cpu-time");
+    if (!args.cpu_time.empty())
+        config.limits.cpu_seconds = parse_count(args.cpu_time, "--cpu-time");
     if (!args.memory.empty()) {
         config.limits.address_space_bytes = parse_size(args.memory, "--memory");
     }

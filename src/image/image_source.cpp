@@ -20,11 +20,16 @@ namespace {
 
 std::string describe(sqfs_err err) {
     switch (err) {
-        case SQFS_BADFORMAT: return "not a squashfs image";
-        case SQFS_BADVERSION: return "unsupported squashfs version";
-        case SQFS_BADCOMP: return "squashfs compression not supported by this build";
-        case SQFS_UNSUP: return "unsupported squashfs feature";
-        default: return "corrupt or truncated squashfs image";
+        case SQFS_BADFORMAT:
+            return "not a squashfs image";
+        case SQFS_BADVERSION:
+            return "unsupported squashfs version";
+        case SQFS_BADCOMP:
+            return "squashfs compression not supported by this build";
+        case SQFS_UNSUP:
+            return "unsupported squashfs feature";
+        default:
+            return "corrupt or truncated squashfs image";
     }
 }
 
@@ -40,9 +45,8 @@ SquashfsHandle load_squashfs(int fd, const std::string& path, off_t file_size) {
         throw Error("image " + path + ": " + describe(err));
     }
     if (static_cast<uint64_t>(file_size) < ll->fs.sb.bytes_used) {
-        throw Error("image " + path + ": truncated squashfs image (" +
-                    std::to_string(file_size) + " of " + std::to_string(ll->fs.sb.bytes_used) +
-                    " bytes)");
+        throw Error("image " + path + ": truncated squashfs image (" + std::to_string(file_size) +
+                    " of " + std::to_string(ll->fs.sb.bytes_used) + " bytes)");
     }
     err = sqfs_ll_init(ll.get());
     if (err != SQFS_OK) throw Error("image " + path + ": " + describe(err));

@@ -4,9 +4,9 @@
 #include <poll.h>
 
 #include <cerrno>
+#include <cfloat>
 #include <chrono>
 #include <cstdlib>
-#include <cfloat>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -159,9 +159,9 @@ void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
         struct stat st {};
         st.st_ino = static_cast<ino_t>(lli.ll->ino_fuse_num(lli.ll, &entry));
         st.st_mode = sqfs_dentry_mode(&entry);
-        size_t needed = fuse_add_direntry(req, buffer.data() + used, size - used,
-                                          sqfs_dentry_name(&entry), &st,
-                                          static_cast<off_t>(sqfs_dentry_next_offset(&entry)));
+        size_t needed =
+            fuse_add_direntry(req, buffer.data() + used, size - used, sqfs_dentry_name(&entry), &st,
+                              static_cast<off_t>(sqfs_dentry_next_offset(&entry)));
         if (needed > size - used) break;
         used += needed;
     }

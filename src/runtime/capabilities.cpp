@@ -12,9 +12,9 @@ namespace sqbox {
 
 void drop_all_privileges() {
     // Securebits and the bounding set need CAP_SETPCAP, so they go before the sets are cleared.
-    constexpr unsigned kSecureBits = SECBIT_NOROOT | SECBIT_NOROOT_LOCKED |
-                                     SECBIT_NO_SETUID_FIXUP | SECBIT_NO_SETUID_FIXUP_LOCKED |
-                                     SECBIT_KEEP_CAPS_LOCKED | SECBIT_NO_CAP_AMBIENT_RAISE |
+    constexpr unsigned kSecureBits = SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP |
+                                     SECBIT_NO_SETUID_FIXUP_LOCKED | SECBIT_KEEP_CAPS_LOCKED |
+                                     SECBIT_NO_CAP_AMBIENT_RAISE |
                                      SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED;
     if (::cap_set_secbits(kSecureBits) != 0) throw system_error("cannot lock securebits");
     const auto known_caps = static_cast<cap_value_t>(::cap_max_bits());
@@ -28,7 +28,8 @@ void drop_all_privileges() {
     if (!empty || ::cap_set_proc(empty.get()) != 0) {
         throw system_error("cannot clear capabilities");
     }
-    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) throw system_error("cannot set no_new_privs");
+    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+        throw system_error("cannot set no_new_privs");
 }
 
 }  // namespace sqbox

@@ -21,7 +21,7 @@ struct DevLink {
     const char* target;
 };
 constexpr DevLink kLinks[] = {
-    {"ptmx", "pts/ptmx"},          {"fd", "/proc/self/fd"},          {"stdin", "/proc/self/fd/0"},
+    {"ptmx", "pts/ptmx"},          {"fd", "/proc/self/fd"},       {"stdin", "/proc/self/fd/0"},
     {"stdout", "/proc/self/fd/1"}, {"stderr", "/proc/self/fd/2"},
 };
 

@@ -106,8 +106,8 @@ void run_init(const InitContext& context) {
         const bool exec_failed = receive_report(exec_status.read_end.get(), exec_failure);
 
         report = supervise_payload(payload);
-        report.wall_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - started)
-                             .count();
+        report.wall_ns =
+            std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - started).count();
         if (exec_failed) {
             report.exit_status = exec_failure.exit_status;
             report.set_error(exec_failure.error_message());

@@ -22,8 +22,9 @@ namespace {
 // namespace that mounts it); checking here gives the clear error before any namespace exists.
 void check_fuse_device() {
     if (::access("/dev/fuse", R_OK | W_OK) != 0) {
-        throw system_error("cannot use /dev/fuse (needed to mount .sqsh images; it must exist "
-                           "and be read-writable by you, mode 0666 on standard systems)");
+        throw system_error(
+            "cannot use /dev/fuse (needed to mount .sqsh images; it must exist "
+            "and be read-writable by you, mode 0666 on standard systems)");
     }
 }
 
@@ -36,7 +37,8 @@ void fill_result(const StageReport& report, RunResult& result) {
     result.peak_rss_bytes = static_cast<uint64_t>(report.max_rss_kib) * 1024;
     result.error = report.error_message();
     if (report.payload_finished && result.payload_started && !result.timed_out) {
-        if (WIFEXITED(report.wait_status)) result.payload_exit_code = WEXITSTATUS(report.wait_status);
+        if (WIFEXITED(report.wait_status))
+            result.payload_exit_code = WEXITSTATUS(report.wait_status);
         if (WIFSIGNALED(report.wait_status)) result.signal = WTERMSIG(report.wait_status);
     }
     if (result.timed_out) result.signal = SIGKILL;

@@ -32,10 +32,10 @@ UniqueFd create_filesystem(const char* fstype, const MountOptions& options, uint
     UniqueFd context(::fsopen(fstype, FSOPEN_CLOEXEC));
     if (!context) throw mount_error("cannot create " + what, errno);
     for (const auto& [key, value] : options) {
-        int rc = value.empty()
-                     ? ::fsconfig(context.get(), FSCONFIG_SET_FLAG, key.c_str(), nullptr, 0)
-                     : ::fsconfig(context.get(), FSCONFIG_SET_STRING, key.c_str(), value.c_str(),
-                                  0);
+        int rc =
+            value.empty()
+                ? ::fsconfig(context.get(), FSCONFIG_SET_FLAG, key.c_str(), nullptr, 0)
+                : ::fsconfig(context.get(), FSCONFIG_SET_STRING, key.c_str(), value.c_str(), 0);
         if (rc != 0) {
             throw mount_error("cannot set option " + key + " of " + what, errno);
         }

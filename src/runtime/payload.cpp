@@ -7,9 +7,9 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "runtime/capabilities.h"
@@ -79,7 +79,8 @@ EnvironmentEntries build_payload_environment(const SandboxConfig& config,
         }
         return std::nullopt;
     };
-    for (auto& [key, value] : parse_environment_file(image_environment, "/etc/environment", lookup)) {
+    for (auto& [key, value] :
+         parse_environment_file(image_environment, "/etc/environment", lookup)) {
         set_entry(env, key, value);
     }
     for (const auto& [key, value] : config.environment) set_entry(env, key, value);

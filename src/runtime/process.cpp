@@ -7,8 +7,8 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
 #include <csignal>
+#include <cstring>
 #include <string>
 
 #include "util/errors.h"
@@ -23,8 +23,9 @@ pid_t clone_process(unsigned long namespace_flags, const char* purpose) {
         int err = errno;
         std::string hint;
         if ((namespace_flags & CLONE_NEWUSER) && (err == EPERM || err == ENOSPC)) {
-            hint = " (unprivileged user namespaces are disabled on this host: check "
-                   "/proc/sys/user/max_user_namespaces and kernel.unprivileged_userns_clone)";
+            hint =
+                " (unprivileged user namespaces are disabled on this host: check "
+                "/proc/sys/user/max_user_namespaces and kernel.unprivileged_userns_clone)";
         }
         throw Error(std::string("cannot create ") + purpose + ": " + std::strerror(err) + hint);
     }

@@ -19,7 +19,7 @@ void die_with_parent(pid_t expected_parent);
 // A child process this process must not outlive: killed and reaped on destruction unless it was
 // already waited for.
 class ChildProcess {
-public:
+  public:
     ChildProcess() = default;
     explicit ChildProcess(pid_t pid) : pid_(pid) {}
     ChildProcess(const ChildProcess&) = delete;
@@ -38,7 +38,7 @@ public:
     // Sends `signal` if the child is still ours.
     void send(int signal) const;
 
-private:
+  private:
     pid_t pid_ = -1;
 };
 

@@ -17,7 +17,9 @@
 namespace sqbox {
 namespace {
 
-std::string size_option(uint64_t bytes) { return std::to_string(bytes); }
+std::string size_option(uint64_t bytes) {
+    return std::to_string(bytes);
+}
 
 UniqueFd open_directory(const std::string& path) {
     UniqueFd fd(::open(path.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
@@ -35,9 +37,9 @@ bool mount_overlay(const std::string& target) {
         // user.* xattrs: trusted.* are not writable from a user namespace.
         if (user_xattr) options.emplace_back("userxattr", "");
         try {
-            UniqueFd overlay = create_filesystem("overlay", options,
-                                                 MountAttr::kNoSuid | MountAttr::kNoDev,
-                                                 "overlay root filesystem");
+            UniqueFd overlay =
+                create_filesystem("overlay", options, MountAttr::kNoSuid | MountAttr::kNoDev,
+                                  "overlay root filesystem");
             attach_mount_at(overlay.get(), target, "overlay root filesystem");
             return 0;
         } catch (const Error& e) {
@@ -119,8 +121,8 @@ void install_etc_files(int root_fd, bool writable, const std::vector<GeneratedFi
 void mount_user_binds(int root_fd, const std::vector<BindMount>& mounts) {
     for (const auto& bind : mounts) {
         const std::string what = "--mount " + bind.source + ":" + bind.destination;
-        UniqueFd tree = clone_mount_tree(AT_FDCWD, std::string(kOldRootDir) + bind.source, true,
-                                         what);
+        UniqueFd tree =
+            clone_mount_tree(AT_FDCWD, std::string(kOldRootDir) + bind.source, true, what);
         uint64_t attributes = MountAttr::kNoSuid | MountAttr::kNoDev;
         if (bind.read_only) attributes |= MountAttr::kReadOnly;
         set_mount_attributes(tree.get(), attributes, 0, true, what);
@@ -139,8 +141,7 @@ void enter_scratch_root() {
     make_mounts_private();
     // Only mount points live here; nothing the payload writes ever lands in it.
     UniqueFd scratch = create_filesystem("tmpfs", {{"mode", "0700"}, {"size", "1m"}},
-                                         MountAttr::kNoSuid | MountAttr::kNoDev,
-                                         "scratch tmpfs");
+                                         MountAttr::kNoSuid | MountAttr::kNoDev, "scratch tmpfs");
     for (const char* dir : {kOldRootDir, kImageDir, kSandboxDir}) {
         if (::mkdirat(scratch.get(), dir + 1, 0700) != 0) {
             throw system_error(std::string("cannot create scratch directory ") + dir);
@@ -159,9 +160,9 @@ void mount_image(const ImageSource& image, int fuse_fd, const IdMapping& ids) {
     if (image.kind == ImageSource::Kind::kDirectory) {
         const std::string source = std::string(kOldRootDir) + image.path;
         UniqueFd tree = clone_mount_tree(AT_FDCWD, source, true, "image directory " + image.path);
-        set_mount_attributes(tree.get(), MountAttr::kReadOnly | MountAttr::kNoSuid |
-                                             MountAttr::kNoDev,
-                             0, true, "image directory " + image.path);
+        set_mount_attributes(tree.get(),
+                             MountAttr::kReadOnly | MountAttr::kNoSuid | MountAttr::kNoDev, 0, true,
+                             "image directory " + image.path);
         attach_mount_at(tree.get(), kImageDir, "image directory " + image.path);
         return;
     }

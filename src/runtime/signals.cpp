@@ -23,7 +23,9 @@ ScopedSignalBlock::ScopedSignalBlock() {
     if (::sigprocmask(SIG_BLOCK, &set, &previous_) != 0) throw system_error("sigprocmask");
 }
 
-ScopedSignalBlock::~ScopedSignalBlock() { (void)::sigprocmask(SIG_SETMASK, &previous_, nullptr); }
+ScopedSignalBlock::~ScopedSignalBlock() {
+    (void)::sigprocmask(SIG_SETMASK, &previous_, nullptr);
+}
 
 std::optional<siginfo_t> wait_for_signal(std::optional<long> timeout_ms) {
     sigset_t set = pipeline_signals();

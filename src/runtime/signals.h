@@ -1,5 +1,6 @@
 // Signals in the pipeline: every sqbox process keeps the forwarded signals (and SIGCHLD) blocked
-// and collects them synchronously with sigwaitinfo, so no handler ever runs concurrently with setup.
+// and collects them synchronously with sigwaitinfo, so no handler ever runs concurrently with
+// setup.
 #pragma once
 
 #include <csignal>
@@ -16,13 +17,13 @@ sigset_t pipeline_signals();
 // Blocks pipeline_signals() for its lifetime (children inherit the block), restoring the previous
 // mask on destruction.
 class ScopedSignalBlock {
-public:
+  public:
     ScopedSignalBlock();
     ~ScopedSignalBlock();
     ScopedSignalBlock(const ScopedSignalBlock&) = delete;
     ScopedSignalBlock& operator=(const ScopedSignalBlock&) = delete;
 
-private:
+  private:
     sigset_t previous_{};
 };
 

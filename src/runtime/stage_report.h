@@ -11,15 +11,15 @@ namespace sqbox {
 struct StageReport {
     static constexpr uint32_t kMagic = 0x73716278;  // "sqbx"
     uint32_t magic = kMagic;
-    int32_t exit_status = 0;     // what sqbox exits with, as far as this stage knows
+    int32_t exit_status = 0;  // what sqbox exits with, as far as this stage knows
     uint8_t payload_started = 0;
     uint8_t payload_finished = 0;
     uint8_t timed_out = 0;
-    int32_t wait_status = 0;     // raw wait status of the payload when payload_finished
+    int32_t wait_status = 0;  // raw wait status of the payload when payload_finished
     int64_t wall_ns = 0;
     int64_t cpu_ns = 0;
     int64_t max_rss_kib = 0;
-    char error[1024] = {};       // sqbox's own failure message (already printed), or empty
+    char error[1024] = {};  // sqbox's own failure message (already printed), or empty
 
     void set_error(const std::string& message);
     [[nodiscard]] std::string error_message() const;

@@ -126,8 +126,8 @@ void run_supervisor(const SupervisorContext& context) {
         while (init.running()) {
             std::optional<long> wait_ms;
             if (deadline && !timed_out) {
-                wait_ms = std::chrono::ceil<std::chrono::milliseconds>(*deadline - Clock::now())
-                              .count();
+                wait_ms =
+                    std::chrono::ceil<std::chrono::milliseconds>(*deadline - Clock::now()).count();
             }
             std::optional<siginfo_t> info = wait_for_signal(wait_ms);
             if (!info) {

@@ -11,7 +11,7 @@ namespace sqbox {
 struct SupervisorContext {
     const SandboxConfig* config = nullptr;
     const ImageSource* image = nullptr;
-    int report_fd = -1;     // StageReport to the launcher
+    int report_fd = -1;  // StageReport to the launcher
     pid_t launcher_pid = 0;
 };
 

@@ -11,7 +11,9 @@ Error system_error(const std::string& what, int err) {
     return Error(what + ": " + std::strerror(err), err);
 }
 
-Error system_error(const std::string& what) { return system_error(what, errno); }
+Error system_error(const std::string& what) {
+    return system_error(what, errno);
+}
 
 void print_error(const std::string& message) {
     std::string line = "sqbox: " + message + "\n";

@@ -17,12 +17,12 @@ inline constexpr int kExitSignalBase = 128;
 // A failure of sqbox itself, with a one-line message for the user and, when a system call failed,
 // its errno (0 otherwise) so callers can choose a fallback.
 class Error : public std::runtime_error {
-public:
+  public:
     explicit Error(const std::string& message, int system_errno = 0)
         : std::runtime_error(message), system_errno_(system_errno) {}
     [[nodiscard]] int system_errno() const { return system_errno_; }
 
-private:
+  private:
     int system_errno_;
 };
 

@@ -40,8 +40,8 @@ ssize_t read_full(int fd, void* data, size_t size) {
 
 void write_file_at(int dir_fd, const std::string& path, std::string_view content, int flags,
                    mode_t mode) {
-    UniqueFd fd(::openat(dir_fd, path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | flags,
-                         mode));
+    UniqueFd fd(
+        ::openat(dir_fd, path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | flags, mode));
     if (!fd) throw system_error("cannot open " + path + " for writing");
     if (!write_all(fd.get(), content.data(), content.size())) {
         throw system_error("cannot write " + path);

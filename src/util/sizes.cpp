@@ -41,16 +41,28 @@ uint64_t parse_size(const std::string& text, const std::string& option, bool all
     unsigned shift = 0;
     if (!suffix.empty()) {
         switch (std::tolower(static_cast<unsigned char>(suffix.front()))) {
-            case 'k': shift = 10; break;
-            case 'm': shift = 20; break;
-            case 'g': shift = 30; break;
-            case 't': shift = 40; break;
-            case 'b': shift = 0; break;
-            default: throw bad_value(option, text, kExpected);
+            case 'k':
+                shift = 10;
+                break;
+            case 'm':
+                shift = 20;
+                break;
+            case 'g':
+                shift = 30;
+                break;
+            case 't':
+                shift = 40;
+                break;
+            case 'b':
+                shift = 0;
+                break;
+            default:
+                throw bad_value(option, text, kExpected);
         }
         std::string_view rest = suffix.substr(1);
-        bool valid_rest = rest.empty() || (shift != 0 && (equals_ignore_case(rest, "b") ||
-                                                          equals_ignore_case(rest, "ib")));
+        bool valid_rest =
+            rest.empty() ||
+            (shift != 0 && (equals_ignore_case(rest, "b") || equals_ignore_case(rest, "ib")));
         if (!valid_rest) throw bad_value(option, text, kExpected);
     }
     if (shift != 0 && value > (std::numeric_limits<uint64_t>::max() >> shift)) {

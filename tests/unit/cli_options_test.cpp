@@ -13,7 +13,7 @@ namespace sqbox::cli {
 namespace {
 
 class TempDir {
-public:
+  public:
     TempDir() {
         char pattern[] = "/tmp/sqbox-unit-XXXXXX";
         path_ = ::mkdtemp(pattern);
@@ -21,7 +21,7 @@ public:
     ~TempDir() { std::filesystem::remove_all(path_); }
     const std::string& path() const { return path_; }
 
-private:
+  private:
     std::string path_;
 };
 

@@ -27,14 +27,15 @@ TEST(EnvironmentFile, ParsesPlainQuotedAndExportedLines) {
         "GREETING=\"hello world\"\n"
         "LITERAL='$HOME stays'\n"
         "EMPTYVAL=\n");
-    EnvironmentEntries expected = {{"PATH", "/usr/bin:/bin"},   {"LANG", "C.UTF-8"},
-                                   {"EDITOR", "vi"},            {"GREETING", "hello world"},
+    EnvironmentEntries expected = {{"PATH", "/usr/bin:/bin"},  {"LANG", "C.UTF-8"},
+                                   {"EDITOR", "vi"},           {"GREETING", "hello world"},
                                    {"LITERAL", "$HOME stays"}, {"EMPTYVAL", ""}};
     EXPECT_EQ(entries, expected);
 }
 
 TEST(EnvironmentFile, SubstitutesVariables) {
-    auto entries = parse("A=${HOME}/bin\nB=$HOME:x\nC=\"${UNSET}-$EMPTY-\"\nD=\\$HOME\nE=cost $5\n");
+    auto entries =
+        parse("A=${HOME}/bin\nB=$HOME:x\nC=\"${UNSET}-$EMPTY-\"\nD=\\$HOME\nE=cost $5\n");
     EnvironmentEntries expected = {
         {"A", "/root/bin"}, {"B", "/root:x"}, {"C", "--"}, {"D", "$HOME"}, {"E", "cost $5"}};
     EXPECT_EQ(entries, expected);

@@ -22,7 +22,7 @@ std::string error_of(const std::string& path) {
 }
 
 class ImageSourceTest : public ::testing::Test {
-protected:
+  protected:
     void SetUp() override {
         char pattern[] = "/tmp/sqbox-image-XXXXXX";
         dir_ = ::mkdtemp(pattern);
