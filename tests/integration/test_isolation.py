@@ -201,3 +201,14 @@ def test_symlink_escape_in_a_directory_image_is_refused(sqbox, busybox_image, tm
     assert result.returncode == 125
     assert "symlink" in result.stderr
     assert list(target.iterdir()) == []
+
+
+def test_init_is_closed_to_the_payload(sqbox, busybox_image):
+    """Init runs sqbox's own binary inside the sandbox: its exe, memory, fds and environment
+    must stay out of the payload's reach even though both have the same uid."""
+    result = sqbox.run(busybox_image, "sh", "-c",
+                       "readlink /proc/1/exe || echo exe-denied; "
+                       "cat /proc/1/environ >/dev/null 2>&1 || echo environ-denied; "
+                       "readlink /proc/1/fd/2 >/dev/null 2>&1 || echo fd-denied; "
+                       "kill -9 1; sleep 0.2; kill -0 1 && echo init-alive")
+    assert result.stdout.split() == ["exe-denied", "environ-denied", "fd-denied", "init-alive"]
