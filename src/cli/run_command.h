@@ -47,7 +47,7 @@ CLI::App* add_run_subcommand(CLI::App& app, RunArguments& args);
 size_t find_image_argument(const CLI::App& run, const std::vector<std::string>& args);
 
 // Validates and converts; throws Error with a one-line message naming the bad option.
-// `lookup_env` reads the caller's environment (for --env KEY).
+// --env KEY copies KEY from the caller's environment.
 RunOptions build_run_options(const RunArguments& args);
 
 // Parses one --mount value "SRC:DST[:ro|rw]"; SRC must exist (it is canonicalised).

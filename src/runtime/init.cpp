@@ -83,12 +83,7 @@ void run_init(const InitContext& context) {
         die_with_supervisor(context.lifeline_fd);
         prepare_sandbox(config);
     } catch (const Error& e) {
-        print_error(e.what());
-        StageReport report;
-        report.exit_status = kExitSqboxFailure;
-        report.set_error(e.what());
-        send_report(context.report_fd, report);
-        ::_exit(kExitSqboxFailure);
+        fail_stage(context.report_fd, kExitSqboxFailure, e.what());
     }
 
     StageReport report;

@@ -52,16 +52,7 @@ std::string read_image_environment() {
         if (errno == ENOENT || errno == ELOOP) return {};
         throw system_error("cannot open the image's /etc/environment");
     }
-    return read_file("/etc/environment");
-}
-
-[[noreturn]] void fail(int status_fd, int exit_status, const std::string& message) {
-    print_error(message);
-    StageReport report;
-    report.exit_status = exit_status;
-    report.set_error(message);
-    send_report(status_fd, report);
-    ::_exit(exit_status);
+    return read_all(fd.get(), "the image's /etc/environment");
 }
 
 }  // namespace
@@ -110,7 +101,7 @@ void exec_payload(const SandboxConfig& config, int status_fd) {
             throw system_error("close_range");
         }
     } catch (const Error& e) {
-        fail(status_fd, kExitSqboxFailure, e.what());
+        fail_stage(status_fd, kExitSqboxFailure, e.what());
     }
 
     std::vector<char*> argv;
@@ -120,9 +111,10 @@ void exec_payload(const SandboxConfig& config, int status_fd) {
     ::execvp(argv[0], argv.data());
 
     const int err = errno;
-    if (err == ENOENT) fail(status_fd, kExitNotFound, config.command[0] + ": command not found");
-    fail(status_fd, kExitNotExecutable,
-         config.command[0] + ": cannot execute: " + std::strerror(err));
+    if (err == ENOENT)
+        fail_stage(status_fd, kExitNotFound, config.command[0] + ": command not found");
+    fail_stage(status_fd, kExitNotExecutable,
+               config.command[0] + ": cannot execute: " + std::strerror(err));
 }
 
 }  // namespace sqbox

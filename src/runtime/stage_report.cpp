@@ -1,7 +1,10 @@
 #include "runtime/stage_report.h"
 
+#include <unistd.h>
+
 #include <cstring>
 
+#include "util/errors.h"
 #include "util/files.h"
 
 namespace sqbox {
@@ -18,6 +21,15 @@ std::string StageReport::error_message() const {
 
 void send_report(int fd, const StageReport& report) {
     (void)write_all(fd, &report, sizeof report);
+}
+
+void fail_stage(int fd, int exit_status, const std::string& message) {
+    print_error(message);
+    StageReport report;
+    report.exit_status = exit_status;
+    report.set_error(message);
+    send_report(fd, report);
+    ::_exit(exit_status);
 }
 
 bool receive_report(int fd, StageReport& report) {

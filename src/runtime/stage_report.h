@@ -30,4 +30,8 @@ void send_report(int fd, const StageReport& report);
 // Reads a complete report; returns false if the writer died without sending one.
 bool receive_report(int fd, StageReport& report);
 
+// How every stage fails: prints "sqbox: <message>", reports `exit_status` and the message on `fd`,
+// and exits with `exit_status`.
+[[noreturn]] void fail_stage(int fd, int exit_status, const std::string& message);
+
 }  // namespace sqbox

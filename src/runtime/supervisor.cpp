@@ -45,15 +45,6 @@ void close_other_fds(std::vector<int> keep) {
     (void)::syscall(SYS_close_range, first, ~0U, 0U);
 }
 
-[[noreturn]] void fail_and_report(int report_fd, const std::string& message) {
-    print_error(message);
-    StageReport report;
-    report.exit_status = kExitSqboxFailure;
-    report.set_error(message);
-    send_report(report_fd, report);
-    ::_exit(kExitSqboxFailure);
-}
-
 std::string format_seconds(double seconds) {
     char buffer[32];
     std::snprintf(buffer, sizeof buffer, "%g", seconds);
@@ -156,9 +147,10 @@ void run_supervisor(const SupervisorContext& context) {
             print_error(message);
             report.set_error(message);
         } else if (server_died) {
-            fail_and_report(context.report_fd, "the image server died; sandbox killed");
+            fail_stage(context.report_fd, kExitSqboxFailure,
+                       "the image server died; sandbox killed");
         } else if (!reported) {
-            fail_and_report(context.report_fd, "sandbox init died unexpectedly");
+            fail_stage(context.report_fd, kExitSqboxFailure, "sandbox init died unexpectedly");
         }
         if (!report.payload_finished) {
             report.wall_ns =
@@ -169,7 +161,7 @@ void run_supervisor(const SupervisorContext& context) {
         send_report(context.report_fd, report);
         ::_exit(0);
     } catch (const Error& e) {
-        fail_and_report(context.report_fd, e.what());
+        fail_stage(context.report_fd, kExitSqboxFailure, e.what());
     }
 }
 

@@ -30,13 +30,6 @@ class Error : public std::runtime_error {
 [[nodiscard]] Error system_error(const std::string& what, int err);
 [[nodiscard]] Error system_error(const std::string& what);
 
-// Throws system_error(what) when a syscall-style return value is negative.
-template <typename T>
-T check(T result, const std::string& what) {
-    if (result < 0) throw system_error(what);
-    return result;
-}
-
 // Prints "sqbox: <message>" to stderr with a single write, so lines from several processes never
 // interleave mid-line.
 void print_error(const std::string& message);

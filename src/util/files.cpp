@@ -48,16 +48,14 @@ void write_file_at(int dir_fd, const std::string& path, std::string_view content
     }
 }
 
-std::string read_file(const std::string& path) {
-    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!fd) throw system_error("cannot open " + path);
+std::string read_all(int fd, const std::string& what) {
     std::string content;
     char buffer[4096];
     for (;;) {
-        ssize_t n = ::read(fd.get(), buffer, sizeof buffer);
+        ssize_t n = ::read(fd, buffer, sizeof buffer);
         if (n < 0) {
             if (errno == EINTR) continue;
-            throw system_error("cannot read " + path);
+            throw system_error("cannot read " + what);
         }
         if (n == 0) break;
         content.append(buffer, static_cast<size_t>(n));

@@ -19,8 +19,8 @@ ssize_t read_full(int fd, void* data, size_t size);
 void write_file_at(int dir_fd, const std::string& path, std::string_view content, int flags = 0,
                    mode_t mode = 0644);
 
-// Reads a whole small file; throws Error with the path on failure.
-std::string read_file(const std::string& path);
+// Reads everything from `fd` to EOF; throws Error naming `what` on failure.
+std::string read_all(int fd, const std::string& what);
 
 // pipe2(O_CLOEXEC), checked.
 Pipe make_pipe(const std::string& purpose);
