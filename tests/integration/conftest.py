@@ -43,11 +43,12 @@ class Sqbox:
     def __init__(self, binary):
         self.binary = binary
 
-    def run(self, image, *command, options=(), input=None, timeout=60, env=None, text=True):
+    def run(self, image, *command, options=(), input=None, timeout=60, env=None, text=True,
+            pass_fds=()):
         """Runs `sqbox run [options] image -- command...` and returns the CompletedProcess."""
         argv = [self.binary, "run", *options, image, "--", *command]
         return subprocess.run(argv, input=input, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              timeout=timeout, env=env, text=text)
+                              timeout=timeout, env=env, text=text, pass_fds=pass_fds)
 
     def popen(self, image, *command, options=(), **kwargs):
         argv = [self.binary, "run", *options, image, "--", *command]

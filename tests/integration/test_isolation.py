@@ -212,3 +212,40 @@ def test_init_is_closed_to_the_payload(sqbox, busybox_image):
                        "readlink /proc/1/fd/2 >/dev/null 2>&1 || echo fd-denied; "
                        "kill -9 1; sleep 0.2; kill -0 1 && echo init-alive")
     assert result.stdout.split() == ["exe-denied", "environ-denied", "fd-denied", "init-alive"]
+
+
+def test_descriptors_leaked_into_sqbox_do_not_reach_the_payload(sqbox, busybox_image, tmp_path):
+    """runc CVE-2024-21626 style: an fd the caller leaks (here one open on a host directory)."""
+    secret_dir = tmp_path / "host-dir"
+    secret_dir.mkdir()
+    (secret_dir / "secret").write_text("host secret")
+    opened = os.open(secret_dir, os.O_RDONLY | os.O_DIRECTORY)
+    leaked = os.dup2(opened, 42, inheritable=True)
+    os.close(opened)
+    try:
+        result = sqbox.run(busybox_image, "sh", "-c",
+                           "ls /proc/self/fd; cat /proc/self/fd/42/secret 2>&1",
+                           pass_fds=(leaked,))
+    finally:
+        os.close(leaked)
+    assert "host secret" not in result.stdout
+    lines = result.stdout.splitlines()
+    # ls itself holds one descriptor (3) on /proc/self/fd while listing it.
+    assert lines[:4] == ["0", "1", "2", "3"]
+    assert "42" not in lines
+
+
+def test_image_environment_symlink_is_not_followed(sqbox, busybox_image, tmp_path):
+    """A hostile image pointing /etc/environment at init's environment (the caller's) must not
+    get the caller's variables into the payload."""
+    import subprocess
+    rootfs = tmp_path / "rootfs"
+    subprocess.run(["unsquashfs", "-q", "-n", "-d", str(rootfs), busybox_image], check=True,
+                   stdout=subprocess.DEVNULL)
+    (rootfs / "etc" / "environment").unlink()
+    os.symlink("/proc/1/environ", rootfs / "etc" / "environment")
+    # The secret first: a NUL-separated environ parsed as one line would yield its first entry.
+    env = {"AAA_SQBOX_SECRET": "api-key-456", "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    result = sqbox.run(str(rootfs), "env", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "api-key-456" not in result.stdout
