@@ -21,13 +21,16 @@ struct BindMount {
     bool read_only = false;
 };
 
-// Per-process resource limits applied with setrlimit(2) just before the payload is executed.
+// Resource limits of one sandbox. Every run has the defaults below (documented in SECURITY.md:
+// they keep a 2-core, 24 GiB machine responsive); nullopt means unlimited. Memory, processes
+// and CPU share go to a cgroup when sqbox has one (see cgroup_parent), otherwise to rlimits.
 struct ResourceLimits {
-    std::optional<uint64_t> address_space_bytes;  // --memory
-    std::optional<uint64_t> cpu_seconds;          // --cpu-time
-    std::optional<uint64_t> processes;            // --pids
-    std::optional<uint64_t> file_size_bytes;      // --fsize
-    std::optional<uint64_t> open_files;           // --nofile
+    std::optional<uint64_t> memory_bytes = 4 * kGiB;         // --memory
+    std::optional<uint64_t> processes = 512;                 // --pids
+    std::optional<uint64_t> cpu_seconds;                     // --cpu-time (RLIMIT_CPU)
+    std::optional<uint64_t> file_size_bytes = 1 * kGiB;      // --fsize (RLIMIT_FSIZE)
+    std::optional<uint64_t> open_files = 4096;               // --nofile (RLIMIT_NOFILE)
+    std::optional<double> cpus;                              // --cpus (cgroup cpu.max only)
 };
 
 struct SandboxConfig {
@@ -46,6 +49,15 @@ struct SandboxConfig {
 
     std::optional<double> timeout_seconds;
     ResourceLimits limits;
+    // A delegated cgroup v2 directory to create the sandbox's cgroup in; empty: find one (see
+    // runtime/cgroups.h).
+    std::string cgroup_parent;
+
+    // "default", "strict" (built in), "none", or the path of a profile in Docker's JSON format.
+    std::string seccomp_profile = "default";
+
+    // Cap on the bytes of stdout and of stderr that reach the caller; the rest is discarded.
+    std::optional<uint64_t> output_limit_bytes;
 
     // Identity of the caller outside, mapped into the sandbox's user namespace.
     uid_t outside_uid = 0;

@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "cli/run_command.h"
+#include "cli/seccomp_command.h"
 #include "util/errors.h"
 
 namespace {
@@ -19,6 +20,8 @@ int run_main(int argc, char** argv) {
     app.require_subcommand(1);
     sqbox::cli::RunArguments run_args;
     CLI::App* run = sqbox::cli::add_run_subcommand(app, run_args);
+    sqbox::cli::SeccompCheckArguments check_args;
+    CLI::App* seccomp_check = sqbox::cli::add_seccomp_subcommand(app, check_args);
 
     // Split "run [OPTIONS] IMAGE [--] COMMAND..." ourselves: CLI11 sees only up to IMAGE.
     std::vector<std::string> words(argv + 1, argv + argc);
@@ -63,6 +66,7 @@ int run_main(int argc, char** argv) {
             return sqbox::kExitSqboxFailure;
         }
     }
+    if (seccomp_check->parsed()) return sqbox::cli::execute_seccomp_check(check_args);
     return sqbox::kExitSqboxFailure;
 }
 

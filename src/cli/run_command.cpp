@@ -45,6 +45,17 @@ std::pair<std::string, std::string> parse_env_option(const std::string& value) {
     return {key, from_caller};
 }
 
+// A limit: a size or count, or "unlimited".
+std::optional<uint64_t> size_limit(const std::string& text, const std::string& option) {
+    if (text == "unlimited") return std::nullopt;
+    return parse_size(text, option);
+}
+
+std::optional<uint64_t> count_limit(const std::string& text, const std::string& option) {
+    if (text == "unlimited") return std::nullopt;
+    return parse_count(text, option);
+}
+
 }  // namespace
 
 CLI::App* add_run_subcommand(CLI::App& app, RunArguments& args) {
@@ -71,11 +82,29 @@ CLI::App* add_run_subcommand(CLI::App& app, RunArguments& args) {
         ->type_name("SECONDS");
     run->add_option("--cpu-time", args.cpu_time, "CPU time limit (RLIMIT_CPU)")
         ->type_name("SECONDS");
-    run->add_option("--memory", args.memory, "address-space limit (RLIMIT_AS)")->type_name("SIZE");
-    run->add_option("--pids", args.pids, "process limit (RLIMIT_NPROC)")->type_name("N");
-    run->add_option("--fsize", args.fsize, "largest file the payload may write (RLIMIT_FSIZE)")
+    run->add_option("--memory", args.memory,
+                    "memory limit: cgroup memory.max, else RLIMIT_AS (default 4G; or unlimited)")
         ->type_name("SIZE");
-    run->add_option("--nofile", args.nofile, "open file limit (RLIMIT_NOFILE)")->type_name("N");
+    run->add_option("--pids", args.pids,
+                    "process limit: cgroup pids.max, else RLIMIT_NPROC (default 512; or unlimited)")
+        ->type_name("N");
+    run->add_option("--cpus", args.cpus, "CPU share, e.g. 1.5 (cgroup cpu.max; needs a cgroup)")
+        ->type_name("N");
+    run->add_option("--fsize", args.fsize,
+                    "largest file the payload may write (RLIMIT_FSIZE; default 1G; or unlimited)")
+        ->type_name("SIZE");
+    run->add_option("--nofile", args.nofile, "open file limit (RLIMIT_NOFILE; default 4096)")
+        ->type_name("N");
+    run->add_option("--cgroup", args.cgroup,
+                    "delegated cgroup v2 directory to create the sandbox's cgroup in")
+        ->type_name("DIR");
+    run->add_option("--seccomp", args.seccomp,
+                    "seccomp profile: default, strict, none, or a Docker-format JSON file")
+        ->type_name("PROFILE")
+        ->capture_default_str();
+    run->add_option("--output-limit", args.output_limit,
+                    "cap on the bytes of stdout and of stderr passed on (the rest is discarded)")
+        ->type_name("BYTES");
     run->add_option("--json", args.json, "write a JSON result record to FILE")->type_name("FILE");
     run->add_flag("-v,--verbose", args.verbose, "report setup details on stderr");
     run->footer(
@@ -152,12 +181,20 @@ RunOptions build_run_options(const RunArguments& args) {
     if (!args.timeout.empty()) config.timeout_seconds = parse_seconds(args.timeout, "--timeout");
     if (!args.cpu_time.empty())
         config.limits.cpu_seconds = parse_count(args.cpu_time, "--cpu-time");
-    if (!args.memory.empty()) {
-        config.limits.address_space_bytes = parse_size(args.memory, "--memory");
+    ResourceLimits& limits = config.limits;
+    if (!args.memory.empty()) limits.memory_bytes = size_limit(args.memory, "--memory");
+    if (!args.pids.empty()) limits.processes = count_limit(args.pids, "--pids");
+    if (!args.fsize.empty()) limits.file_size_bytes = size_limit(args.fsize, "--fsize");
+    if (!args.nofile.empty()) limits.open_files = count_limit(args.nofile, "--nofile");
+    if (!args.cpus.empty()) {
+        limits.cpus = parse_seconds(args.cpus, "--cpus");  // same grammar: a positive decimal
     }
-    if (!args.pids.empty()) config.limits.processes = parse_count(args.pids, "--pids");
-    if (!args.fsize.empty()) config.limits.file_size_bytes = parse_size(args.fsize, "--fsize");
-    if (!args.nofile.empty()) config.limits.open_files = parse_count(args.nofile, "--nofile");
+    if (!args.cgroup.empty()) config.cgroup_parent = canonical_host_path(args.cgroup, "--cgroup");
+    if (args.seccomp.empty()) throw Error("--seccomp: empty profile name");
+    config.seccomp_profile = args.seccomp;
+    if (!args.output_limit.empty()) {
+        config.output_limit_bytes = parse_size(args.output_limit, "--output-limit", true);
+    }
     config.outside_uid = ::geteuid();
     config.outside_gid = ::getegid();
     options.json_path = args.json;

@@ -35,6 +35,10 @@ struct RunArguments {
     std::string pids;
     std::string fsize;
     std::string nofile;
+    std::string cpus;
+    std::string cgroup;
+    std::string seccomp = "default";
+    std::string output_limit;
     std::string json;
 };
 

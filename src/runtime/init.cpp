@@ -78,7 +78,8 @@ StageReport supervise_payload(pid_t payload) {
 }  // namespace
 
 void run_init(const InitContext& context) {
-    const SandboxConfig& config = *context.config;
+    const SandboxPlan& plan = *context.plan;
+    const SandboxConfig& config = *plan.config;
     try {
         die_with_supervisor(context.lifeline_fd);
         prepare_sandbox(config);
@@ -94,7 +95,7 @@ void run_init(const InitContext& context) {
         if (payload < 0) throw system_error("cannot start the payload");
         if (payload == 0) {
             exec_status.read_end.reset();
-            exec_payload(config, exec_status.write_end.get());
+            exec_payload(plan, exec_status.write_end.get());
         }
         exec_status.write_end.reset();
         StageReport exec_failure;

@@ -1,12 +1,12 @@
 // PID 1 of the sandbox.
 #pragma once
 
-#include "sqbox/config.h"
+#include "runtime/sandbox_plan.h"
 
 namespace sqbox {
 
 struct InitContext {
-    const SandboxConfig* config = nullptr;
+    const SandboxPlan* plan = nullptr;
     int report_fd = -1;    // StageReport to the supervisor
     int lifeline_fd = -1;  // read end of a pipe the supervisor holds open: EOF = supervisor gone
 };

@@ -11,6 +11,8 @@
 #include "runtime/signals.h"
 #include "runtime/stage_report.h"
 #include "runtime/supervisor.h"
+#include "security/landlock.h"
+#include "security/seccomp_choice.h"
 #include "sqbox/sandbox.h"
 #include "util/errors.h"
 #include "util/files.h"
@@ -44,12 +46,35 @@ void fill_result(const StageReport& report, RunResult& result) {
     if (result.timed_out) result.signal = SIGKILL;
 }
 
+// Decides everything that does not need the sandbox yet, so bad settings fail before any
+// namespace exists.
+SandboxPlan make_plan(const SandboxConfig& config) {
+    SandboxPlan plan;
+    plan.config = &config;
+    plan.seccomp = prepare_seccomp(config.seccomp_profile);
+    plan.landlock_abi = landlock_abi_version();
+    plan.rlimits = config.limits;
+    if (config.verbose) {
+        if (plan.seccomp) {
+            print_error("seccomp: profile " + config.seccomp_profile + ", " +
+                        std::to_string(plan.seccomp->rules_applied) + " rules, " +
+                        std::to_string(plan.seccomp->program.size()) + " BPF instructions");
+        }
+        print_error(plan.landlock_abi > 0
+                        ? "landlock: applied (ABI " + std::to_string(plan.landlock_abi) +
+                              "): the payload can reach only files beneath the sandbox's root"
+                        : std::string("landlock: not applied (this kernel has no Landlock)"));
+    }
+    return plan;
+}
+
 }  // namespace
 
 RunResult run_sandbox(const SandboxConfig& config) {
     RunResult result;
     try {
         ImageSource image = open_image(config.image);
+        SandboxPlan plan = make_plan(config);
         if (image.kind == ImageSource::Kind::kSquashfs) check_fuse_device();
         Pipe report_pipe = make_pipe("supervisor report");
 
@@ -58,7 +83,7 @@ RunResult run_sandbox(const SandboxConfig& config) {
         pid_t pid = clone_process(CLONE_NEWUSER | CLONE_NEWNS, "the sandbox's user namespace");
         if (pid == 0) {
             report_pipe.read_end.reset();
-            run_supervisor({&config, &image, report_pipe.write_end.get(), self});
+            run_supervisor({&plan, &image, report_pipe.write_end.get(), self});
         }
         ChildProcess supervisor(pid);
         report_pipe.write_end.reset();

@@ -24,7 +24,7 @@ void set_optional(int resource, const std::optional<uint64_t>& value, const char
 
 void apply_resource_limits(const ResourceLimits& limits) {
     set_limit(RLIMIT_CORE, 0, 0, "core dump");
-    set_optional(RLIMIT_AS, limits.address_space_bytes, "--memory");
+    set_optional(RLIMIT_AS, limits.memory_bytes, "--memory");
     set_optional(RLIMIT_NPROC, limits.processes, "--pids");
     set_optional(RLIMIT_FSIZE, limits.file_size_bytes, "--fsize");
     set_optional(RLIMIT_NOFILE, limits.open_files, "--nofile");

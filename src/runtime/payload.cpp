@@ -15,6 +15,8 @@
 #include "runtime/capabilities.h"
 #include "runtime/limits.h"
 #include "runtime/stage_report.h"
+#include "security/landlock.h"
+#include "security/seccomp_filter.h"
 #include "util/errors.h"
 #include "util/files.h"
 
@@ -78,7 +80,8 @@ EnvironmentEntries build_payload_environment(const SandboxConfig& config,
     return env;
 }
 
-void exec_payload(const SandboxConfig& config, int status_fd) {
+void exec_payload(const SandboxPlan& plan, int status_fd) {
+    const SandboxConfig& config = *plan.config;
     try {
         reset_signals();
         if (::setsid() < 0) throw system_error("setsid");
@@ -93,13 +96,16 @@ void exec_payload(const SandboxConfig& config, int status_fd) {
         if (::chdir(config.workdir.c_str()) != 0) {
             throw system_error("--workdir " + config.workdir);
         }
-        apply_resource_limits(config.limits);
+        apply_resource_limits(plan.rlimits);
         drop_all_privileges();
+        if (plan.landlock_abi > 0) apply_landlock(plan.landlock_abi);
         // Every descriptor but stdio closes at exec, whoever opened it (including anything the
         // caller leaked into sqbox).
         if (::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) != 0) {
             throw system_error("close_range");
         }
+        // Last, so that everything above may use calls the profile denies.
+        if (plan.seccomp) install_seccomp_filter(*plan.seccomp);
     } catch (const Error& e) {
         fail_stage(status_fd, kExitSqboxFailure, e.what());
     }

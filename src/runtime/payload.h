@@ -4,6 +4,7 @@
 #include <string>
 
 #include "image/environment_file.h"
+#include "runtime/sandbox_plan.h"
 #include "sqbox/config.h"
 
 namespace sqbox {
@@ -15,9 +16,9 @@ EnvironmentEntries build_payload_environment(const SandboxConfig& config,
 
 // Runs in the child forked by init, inside the final root. Resets signals, starts a new session
 // (no controlling terminal), builds the environment, enters the working directory, applies
-// limits, drops every privilege and executes the command. On any failure it prints one line,
+// limits, drops every privilege, applies Landlock and seccomp (last) and executes the command. On any failure it prints one line,
 // sends a StageReport on `status_fd` (close-on-exec, so silence means the exec succeeded) and
 // exits with 125, 126 or 127.
-[[noreturn]] void exec_payload(const SandboxConfig& config, int status_fd);
+[[noreturn]] void exec_payload(const SandboxPlan& plan, int status_fd);
 
 }  // namespace sqbox

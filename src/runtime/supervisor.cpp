@@ -54,7 +54,8 @@ std::string format_seconds(double seconds) {
 }  // namespace
 
 void run_supervisor(const SupervisorContext& context) {
-    const SandboxConfig& config = *context.config;
+    const SandboxPlan& plan = *context.plan;
+    const SandboxConfig& config = *plan.config;
     const ImageSource& image = *context.image;
     try {
         die_with_parent(context.launcher_pid);
@@ -101,7 +102,7 @@ void run_supervisor(const SupervisorContext& context) {
         if (init_pid == 0) {
             init_report.read_end.reset();
             lifeline.write_end.reset();
-            run_init({&config, init_report.write_end.get(), lifeline.read_end.get()});
+            run_init({&plan, init_report.write_end.get(), lifeline.read_end.get()});
         }
         ChildProcess init(init_pid);
         init_report.write_end.reset();

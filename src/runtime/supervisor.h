@@ -4,12 +4,12 @@
 #include <sys/types.h>
 
 #include "image/image_source.h"
-#include "sqbox/config.h"
+#include "runtime/sandbox_plan.h"
 
 namespace sqbox {
 
 struct SupervisorContext {
-    const SandboxConfig* config = nullptr;
+    const SandboxPlan* plan = nullptr;
     const ImageSource* image = nullptr;
     int report_fd = -1;  // StageReport to the launcher
     pid_t launcher_pid = 0;

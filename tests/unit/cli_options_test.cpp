@@ -58,7 +58,7 @@ TEST(RunOptions, ConvertsLimitsAndEnvironment) {
     args.timeout = "1.5";
     args.pids = "64";
     RunOptions options = build_run_options(args);
-    EXPECT_EQ(options.config.limits.address_space_bytes, 256ull << 20);
+    EXPECT_EQ(options.config.limits.memory_bytes, 256ull << 20);
     EXPECT_EQ(options.config.limits.processes, 64u);
     EXPECT_DOUBLE_EQ(*options.config.timeout_seconds, 1.5);
     std::vector<std::pair<std::string, std::string>> expected = {

@@ -1,0 +1,80 @@
+#include "security/landlock.h"
+
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdint>
+
+#include "util/errors.h"
+#include "util/unique_fd.h"
+
+namespace sqbox {
+namespace {
+
+// Debian 12's kernel headers predate most of these; the values are fixed kernel ABI.
+constexpr uint64_t kFsMakeChar = 1ULL << 6;
+constexpr uint64_t kFsMakeBlock = 1ULL << 11;
+constexpr uint64_t kFsMakeSym = 1ULL << 12;
+constexpr uint64_t kFsRefer = 1ULL << 13;     // ABI 2
+constexpr uint64_t kFsTruncate = 1ULL << 14;  // ABI 3
+constexpr uint64_t kFsIoctlDev = 1ULL << 15;  // ABI 5
+constexpr uint64_t kScopeAbstractUnixSocket = 1ULL << 0;  // ABI 6
+constexpr uint64_t kScopeSignal = 1ULL << 1;              // ABI 6
+constexpr uint32_t kCreateRulesetVersion = 1U << 0;
+constexpr int kRulePathBeneath = 1;
+
+// The kernel's struct landlock_ruleset_attr at its newest size; unused fields stay zero, which
+// older kernels accept.
+struct RulesetAttr {
+    uint64_t handled_access_fs = 0;
+    uint64_t handled_access_net = 0;
+    uint64_t scoped = 0;
+};
+
+struct __attribute__((packed)) PathBeneathAttr {
+    uint64_t allowed_access = 0;
+    int32_t parent_fd = -1;
+};
+
+uint64_t handled_fs_rights(int abi) {
+    uint64_t rights = (kFsMakeSym << 1) - 1;  // ABI 1: bits 0 (execute) to 12 (make symlink)
+    if (abi >= 2) rights |= kFsRefer;
+    if (abi >= 3) rights |= kFsTruncate;
+    if (abi >= 5) rights |= kFsIoctlDev;
+    return rights;
+}
+
+}  // namespace
+
+int landlock_abi_version() {
+    long abi = ::syscall(SYS_landlock_create_ruleset, nullptr, 0, kCreateRulesetVersion);
+    return abi > 0 ? static_cast<int>(abi) : 0;
+}
+
+void apply_landlock(int abi) {
+    RulesetAttr ruleset;
+    ruleset.handled_access_fs = handled_fs_rights(abi);
+    // Without this scope the payload could still signal init; init ignores it, but nothing
+    // outside the payload's own processes should be reachable at all.
+    if (abi >= 6) ruleset.scoped = kScopeAbstractUnixSocket | kScopeSignal;
+    const size_t size = abi >= 6 ? sizeof ruleset : sizeof ruleset.handled_access_fs;
+    UniqueFd ruleset_fd(static_cast<int>(
+        ::syscall(SYS_landlock_create_ruleset, &ruleset, size, 0U)));
+    if (!ruleset_fd) throw system_error("cannot create the landlock ruleset");
+
+    UniqueFd root(::open("/", O_PATH | O_CLOEXEC | O_DIRECTORY));
+    if (!root) throw system_error("cannot open / for landlock");
+    PathBeneathAttr beneath;
+    beneath.allowed_access = ruleset.handled_access_fs & ~(kFsMakeChar | kFsMakeBlock);
+    beneath.parent_fd = root.get();
+    if (::syscall(SYS_landlock_add_rule, ruleset_fd.get(), kRulePathBeneath, &beneath, 0U) != 0) {
+        throw system_error("cannot add the landlock rule for /");
+    }
+    if (::syscall(SYS_landlock_restrict_self, ruleset_fd.get(), 0U) != 0) {
+        throw system_error("cannot apply landlock");
+    }
+}
+
+}  // namespace sqbox

@@ -1,0 +1,17 @@
+// Landlock: the kernel's unprivileged file-access control. sqbox uses it as a second wall behind
+// the mount namespace: the payload may only reach files beneath the sandbox's own root, so even a
+// descriptor to a host directory (leaked by a bug, as in runc's CVE-2024-21626) opens nothing.
+#pragma once
+
+namespace sqbox {
+
+// The kernel's Landlock ABI version, or 0 when Landlock is absent or disabled.
+int landlock_abi_version();
+
+// Confines the calling process (and everything it starts) to the tree beneath "/" using the
+// rights of ABI `abi` (>= 1): everything there except creating device nodes. From ABI 6 on it also
+// stops signals and abstract-socket connections to processes outside the domain (sqbox's init).
+// no_new_privs must be set. Throws on failure.
+void apply_landlock(int abi);
+
+}  // namespace sqbox

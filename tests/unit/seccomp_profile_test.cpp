@@ -1,0 +1,203 @@
+// The seccomp profile parser and compiler, and what the shipped profiles answer to the calls a
+// hostile payload would make (evaluated on the compiled BPF, in user space).
+#include <gtest/gtest.h>
+#include <linux/sched.h>
+#include <sys/syscall.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <csignal>
+
+#include <cerrno>
+#include <fstream>
+#include <sstream>
+
+#include "security/builtin_profiles.h"
+#include "security/seccomp_filter.h"
+#include "security/seccomp_profile.h"
+#include "seccomp_bpf_eval.h"
+
+namespace sqbox {
+namespace {
+
+using testing::evaluate_seccomp;
+using testing::errno_result;
+using testing::SyscallCall;
+
+constexpr uint32_t kAllow = SECCOMP_RET_ALLOW;
+const std::string kDockerProfile = SQBOX_TESTDATA_DIR "/docker-default-seccomp.json";
+
+std::string error_of(const std::string& text) {
+    try {
+        (void)compile_seccomp_filter(parse_seccomp_profile(text, "p.json"), SeccompTarget{});
+    } catch (const SeccompProfileError& e) {
+        return e.what();
+    }
+    return "no error";
+}
+
+SeccompFilter compiled_builtin(const std::string& name) {
+    const BuiltinSeccompProfile* builtin = find_builtin_seccomp_profile(name);
+    EXPECT_NE(builtin, nullptr);
+    return compile_seccomp_filter(parse_seccomp_profile(std::string(builtin->json), name),
+                                  SeccompTarget{});
+}
+
+uint32_t answer(const SeccompFilter& filter, int nr, std::array<uint64_t, 6> args = {},
+                uint32_t arch = AUDIT_ARCH_X86_64) {
+    return evaluate_seccomp(filter.program, SyscallCall{nr, arch, args});
+}
+
+TEST(SeccompProfile, ReportsErrorsWithTheirLine) {
+    EXPECT_EQ(error_of("{\"defaultAction\": \"SCMP_ACT_ERRNO\",\n \"syscalls\": [\n"
+                       "  {\"names\": [\"read\"], \"action\": \"SCMP_ACT_NOPE\"}]}"),
+              "p.json:3: syscalls[0].action: unknown action 'SCMP_ACT_NOPE'");
+    EXPECT_EQ(error_of("{\"defaultAction\": \"SCMP_ACT_ERRNO\",\n\n \"defualtErrnoRet\": 1}"),
+              "p.json:3: unknown field 'defualtErrnoRet'");
+    EXPECT_EQ(error_of("{\"defaultAction\": \"SCMP_ACT_ERRNO\", \"syscalls\": [{\"names\": "
+                       "[\"read\"], \"action\": \"SCMP_ACT_ALLOW\",\n \"args\": [{\"index\": 6, "
+                       "\"value\": 1, \"op\": \"SCMP_CMP_EQ\"}]}]}"),
+              "p.json:2: syscalls[0].args[0]: index must be 0 to 5");
+    EXPECT_EQ(error_of("{\n\"defaultAction\": \"SCMP_ACT_ALLOW\",\n \"syscalls\": [}"),
+              "p.json:3: not valid JSON: syntax error while parsing value - unexpected '}'; "
+              "expected '[', '{', or a literal");
+    EXPECT_EQ(error_of("{\"syscalls\": []}"), "p.json:1: missing defaultAction");
+}
+
+TEST(SeccompProfile, UnknownSyscallNamesAreSkippedAndReportedWithTheirLine) {
+    SeccompFilter filter = compile_seccomp_filter(
+        parse_seccomp_profile("{\"defaultAction\": \"SCMP_ACT_ERRNO\", \"syscalls\": [\n"
+                              "{\"names\": [\"read\",\n \"opne\"], \"action\": "
+                              "\"SCMP_ACT_ALLOW\"}]}",
+                              "p.json"),
+        SeccompTarget{});
+    ASSERT_EQ(filter.unknown_syscalls.size(), 1u);
+    EXPECT_EQ(filter.unknown_syscalls[0].name, "opne");
+    EXPECT_EQ(filter.unknown_syscalls[0].line, 3);
+    EXPECT_EQ(answer(filter, SYS_read), kAllow);
+    EXPECT_EQ(answer(filter, SYS_write), errno_result(EPERM));  // Docker's default errno
+}
+
+TEST(SeccompProfile, DockersDefaultProfileLoadsUnchangedAndIsEvaluatedWithoutCapabilities) {
+    std::ifstream in(kDockerProfile);
+    ASSERT_TRUE(in) << kDockerProfile;
+    std::stringstream text;
+    text << in.rdbuf();
+    SeccompTarget target;
+    target.kernel_major = 6;
+    target.kernel_minor = 1;
+    SeccompFilter filter =
+        compile_seccomp_filter(parse_seccomp_profile(text.str(), "docker.json"), target);
+    EXPECT_EQ(answer(filter, SYS_read), kAllow);
+    EXPECT_EQ(answer(filter, SYS_ptrace), kAllow);  // includes.minKernel 4.8 holds
+    // includes.caps CAP_SYS_ADMIN: not held, so these stay at the default (EPERM).
+    EXPECT_EQ(answer(filter, SYS_mount), errno_result(EPERM));
+    EXPECT_EQ(answer(filter, SYS_bpf), errno_result(EPERM));
+    // excludes.caps CAP_SYS_ADMIN: applies, since the payload lacks it.
+    EXPECT_EQ(answer(filter, SYS_clone3), errno_result(ENOSYS));
+    EXPECT_EQ(answer(filter, SYS_clone, {CLONE_NEWUSER}), errno_result(EPERM));
+    EXPECT_EQ(answer(filter, SYS_clone, {CLONE_VM | CLONE_THREAD}), kAllow);
+    // Its archMap lets 32-bit calls through to their own rules.
+    EXPECT_EQ(answer(filter, 20 /* i386 getpid */, {}, AUDIT_ARCH_I386), kAllow);
+
+    target.kernel_major = 4;
+    target.kernel_minor = 4;
+    SeccompFilter old_kernel =
+        compile_seccomp_filter(parse_seccomp_profile(text.str(), "docker.json"), target);
+    EXPECT_EQ(answer(old_kernel, SYS_ptrace), errno_result(EPERM));
+}
+
+TEST(SeccompProfile, BuiltinProgramsMatchACompileOfTheirText) {
+    for (const char* name : {"default", "strict"}) {
+        const BuiltinSeccompProfile* builtin = find_builtin_seccomp_profile(name);
+        ASSERT_NE(builtin, nullptr) << name;
+        SeccompFilter fresh = compiled_builtin(name);
+        ASSERT_EQ(fresh.program.size(), builtin->program.size()) << name;
+        EXPECT_EQ(std::memcmp(fresh.program.data(), builtin->program.data(),
+                              fresh.program.size() * sizeof(sock_filter)),
+                  0)
+            << name;
+        EXPECT_TRUE(fresh.unknown_syscalls.empty()) << name;
+    }
+    EXPECT_EQ(find_builtin_seccomp_profile("docker"), nullptr);
+}
+
+TEST(SeccompProfile, DefaultDeniesWhatHostileCodeUses) {
+    SeccompFilter filter = compiled_builtin("default");
+    const uint32_t eperm = errno_result(EPERM);
+    EXPECT_EQ(answer(filter, SYS_clone3), errno_result(ENOSYS));
+    EXPECT_EQ(answer(filter, SYS_clone, {CLONE_NEWUSER | SIGCHLD}), eperm);
+    EXPECT_EQ(answer(filter, SYS_clone, {CLONE_NEWNET}), eperm);
+    EXPECT_EQ(answer(filter, SYS_clone, {CLONE_VM | CLONE_FS | CLONE_FILES | CLONE_SIGHAND |
+                                         CLONE_THREAD | CLONE_SYSVSEM | CLONE_SETTLS}),
+              kAllow);
+    EXPECT_EQ(answer(filter, SYS_unshare, {CLONE_NEWUSER}), eperm);
+    EXPECT_EQ(answer(filter, SYS_unshare, {0x80 /* CLONE_NEWTIME */}), eperm);
+    EXPECT_EQ(answer(filter, SYS_unshare, {CLONE_FILES}), eperm);
+    for (int nr : {SYS_mount, SYS_umount2, SYS_pivot_root, SYS_fsopen, SYS_open_tree,
+                   SYS_move_mount, SYS_io_uring_setup, SYS_userfaultfd, SYS_bpf,
+                   SYS_perf_event_open, SYS_keyctl, SYS_add_key, SYS_request_key, SYS_kexec_load,
+                   SYS_init_module, SYS_finit_module, SYS_acct, SYS_swapon, SYS_reboot, SYS_syslog,
+                   SYS_clock_settime, SYS_settimeofday, SYS_open_by_handle_at, SYS_setns}) {
+        EXPECT_EQ(answer(filter, nr), eperm) << "syscall " << nr;
+    }
+    EXPECT_EQ(answer(filter, SYS_ioctl, {0, TIOCSTI}), eperm);
+    EXPECT_EQ(answer(filter, SYS_ioctl, {0, (1ULL << 32) | TIOCSTI}), eperm);
+    EXPECT_EQ(answer(filter, SYS_ioctl, {0, TIOCLINUX}), eperm);
+    EXPECT_EQ(answer(filter, SYS_ioctl, {0, TCGETS}), kAllow);
+    EXPECT_EQ(answer(filter, SYS_ioctl, {0, TIOCGWINSZ}), kAllow);
+    EXPECT_EQ(answer(filter, SYS_ioctl, {0, 0x5413}), kAllow);
+    EXPECT_EQ(answer(filter, SYS_personality, {0xffffffff}), kAllow);
+    EXPECT_EQ(answer(filter, SYS_personality, {0x0040000 /* ADDR_NO_RANDOMIZE */}), eperm);
+    EXPECT_EQ(answer(filter, SYS_socket, {AF_INET6}), kAllow);
+    EXPECT_EQ(answer(filter, SYS_socket, {AF_PACKET}), eperm);
+    EXPECT_EQ(answer(filter, SYS_socket, {40 /* AF_VSOCK */}), eperm);
+    // Unknown calls, and other ABIs, get ENOSYS so that libc falls back.
+    EXPECT_EQ(answer(filter, 460), errno_result(ENOSYS));
+    EXPECT_EQ(answer(filter, 0x40000000 | SYS_mount), errno_result(ENOSYS));  // x32
+    EXPECT_EQ(answer(filter, 0x40000000 | SYS_getpid), errno_result(ENOSYS));
+    EXPECT_EQ(answer(filter, 20 /* i386 getpid */, {}, AUDIT_ARCH_I386), errno_result(ENOSYS));
+}
+
+TEST(SeccompProfile, StrictAlsoDeniesNetworkAndPtrace) {
+    SeccompFilter filter = compiled_builtin("strict");
+    EXPECT_EQ(answer(filter, SYS_socket, {AF_UNIX}), kAllow);
+    EXPECT_EQ(answer(filter, SYS_socket, {AF_INET}), errno_result(EPERM));
+    EXPECT_EQ(answer(filter, SYS_socket, {AF_NETLINK}), errno_result(EPERM));
+    EXPECT_EQ(answer(filter, SYS_ptrace), errno_result(EPERM));
+    EXPECT_EQ(answer(filter, SYS_process_vm_readv), errno_result(EPERM));
+    EXPECT_EQ(answer(filter, SYS_read), kAllow);
+}
+
+// default.json must be at least as tight as Docker's default for a payload without capabilities:
+// nothing it allows may be refused by Docker's profile.
+TEST(SeccompProfile, DefaultIsAtLeastAsTightAsDockers) {
+    std::ifstream in(kDockerProfile);
+    std::stringstream text;
+    text << in.rdbuf();
+    SeccompTarget target;
+    target.kernel_major = 6;
+    target.kernel_minor = 1;
+    SeccompFilter docker =
+        compile_seccomp_filter(parse_seccomp_profile(text.str(), "docker.json"), target);
+    SeccompFilter ours = compiled_builtin("default");
+    const std::array<std::array<uint64_t, 6>, 6> argument_sets = {{
+        {},
+        {1, 1, 0, 0, 0, 0},
+        {2, 0x5412, 0, 0, 0, 0},
+        {CLONE_NEWUSER, 0, 0, 0, 0, 0},
+        {0xffffffff, 0xffffffff, 0xffffffff, 0, 0, 0},
+        {40, 0x541c, 0, 0, 0, 0},
+    }};
+    for (int nr = 0; nr < 470; ++nr) {
+        for (const auto& args : argument_sets) {
+            if (answer(ours, nr, args) == kAllow) {
+                EXPECT_EQ(answer(docker, nr, args), kAllow)
+                    << "default.json allows syscall " << nr << " (arg0 " << args[0]
+                    << ") that Docker's default profile refuses";
+            }
+        }
+    }
+}
+
+}  // namespace
+}  // namespace sqbox
