@@ -10,6 +10,7 @@
 
 #include "runtime/devices.h"
 #include "runtime/mounts.h"
+#include "runtime/proc_masks.h"
 #include "runtime/rooted_path.h"
 #include "util/errors.h"
 #include "util/files.h"
@@ -208,6 +209,7 @@ PreparedRoot assemble_rootfs(const SandboxConfig& config) {
     mount_fresh(root, "/proc", "proc", {},
                 MountAttr::kNoSuid | MountAttr::kNoDev | MountAttr::kNoExec, create);
     mount_devices(root, create, config.tmpfs_size_bytes);
+    mask_proc(root);
     mount_fresh(root, "/tmp", "tmpfs",
                 {{"mode", "1777"}, {"size", size_option(config.tmpfs_size_bytes)}},
                 MountAttr::kNoSuid | MountAttr::kNoDev, create);

@@ -1,0 +1,73 @@
+#include "runtime/proc_masks.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <string>
+
+#include "runtime/mounts.h"
+#include "runtime/rooted_path.h"
+#include "util/errors.h"
+
+namespace sqbox {
+namespace {
+
+// Kernel memory and symbols, keys, timers and scheduler internals of the whole machine, the
+// host's modules and hardware map.
+constexpr const char* kHiddenFiles[] = {
+    "kcore",       "kallsyms",    "keys",       "key-users", "timer_list", "timer_stats",
+    "sched_debug", "latency_stats", "kmsg",     "modules",   "vmallocinfo", "iomem",
+    "ioports",     "kpagecount",  "kpageflags", "kpagecgroup", "slabinfo", "config.gz",
+};
+// Host hardware and drivers.
+constexpr const char* kHiddenDirectories[] = {"acpi", "asound", "scsi", "driver", "dynamic_debug"};
+// Kernel settings: readable, never writable.
+constexpr const char* kReadOnly[] = {"sys", "sysrq-trigger", "irq", "bus", "fs"};
+
+UniqueFd open_entry(int proc_fd, const char* name, struct stat& info) {
+    UniqueFd entry(::openat(proc_fd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC));
+    if (!entry) {
+        if (errno == ENOENT) return entry;
+        throw system_error(std::string("cannot open /proc/") + name);
+    }
+    if (::fstat(entry.get(), &info) != 0) throw system_error(std::string("stat /proc/") + name);
+    return entry;
+}
+
+}  // namespace
+
+void mask_proc(int root_fd) {
+    UniqueFd proc = resolve_in_root(root_fd, "/proc", EntryKind::kDirectory, false, "/proc");
+    for (const char* name : kHiddenFiles) {
+        struct stat info {};
+        UniqueFd target = open_entry(proc.get(), name, info);
+        if (!target) continue;
+        // /dev is sqbox's own tmpfs by now, so this path cannot be redirected by the image.
+        UniqueFd cover = clone_mount_tree(root_fd, "dev/null", false, std::string("/proc/") + name);
+        attach_mount(cover.get(), target.get(), std::string("/proc/") + name);
+    }
+    for (const char* name : kHiddenDirectories) {
+        struct stat info {};
+        UniqueFd target = open_entry(proc.get(), name, info);
+        if (!target || !S_ISDIR(info.st_mode)) continue;
+        UniqueFd empty = create_filesystem(
+            "tmpfs", {{"size", "4k"}, {"mode", "0555"}},
+            MountAttr::kReadOnly | MountAttr::kNoSuid | MountAttr::kNoDev | MountAttr::kNoExec,
+            std::string("/proc/") + name);
+        attach_mount(empty.get(), target.get(), std::string("/proc/") + name);
+    }
+    for (const char* name : kReadOnly) {
+        struct stat info {};
+        UniqueFd target = open_entry(proc.get(), name, info);
+        if (!target) continue;
+        UniqueFd copy = clone_mount_tree(proc.get(), name, true, std::string("/proc/") + name);
+        set_mount_attributes(copy.get(),
+                             MountAttr::kReadOnly | MountAttr::kNoSuid | MountAttr::kNoDev |
+                                 MountAttr::kNoExec,
+                             0, true, std::string("/proc/") + name + " read-only");
+        attach_mount(copy.get(), target.get(), std::string("/proc/") + name);
+    }
+}
+
+}  // namespace sqbox
