@@ -3,12 +3,26 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "util/errors.h"
 #include "util/files.h"
 
 namespace sqbox::cli {
+
+namespace {
+
+// Whole numbers as JSON integers (4294967296, not 4294967296.0).
+nlohmann::json json_number(const std::optional<double>& value) {
+    if (!value) return nullptr;
+    if (std::floor(*value) == *value && *value >= 0 && *value < 1.8e19) {
+        return static_cast<uint64_t>(*value);
+    }
+    return *value;
+}
+
+}  // namespace
 
 std::string result_to_json(const RunResult& result) {
     nlohmann::json record;
@@ -21,6 +35,19 @@ std::string result_to_json(const RunResult& result) {
     record["wall_ms"] = result.wall_ms;
     record["cpu_ms"] = result.cpu_ms;
     record["peak_rss_bytes"] = result.peak_rss_bytes;
+    record["oom_killed"] = result.oom_killed;
+    record["stdout_truncated"] = result.stdout_truncated;
+    record["stderr_truncated"] = result.stderr_truncated;
+    record["truncated"] = result.stdout_truncated || result.stderr_truncated;
+    nlohmann::json limits = nlohmann::json::object();
+    for (const auto& limit : result.limits) {
+        limits[limit.name] = {
+            {"value", json_number(limit.value)},
+            {"enforced_by", limit.enforced_by}};
+    }
+    record["limits"] = limits;
+    record["seccomp"] = result.seccomp;
+    record["landlock_abi"] = result.landlock_abi;
     record["error"] = result.error.empty() ? nlohmann::json() : nlohmann::json(result.error);
     return record.dump() + "\n";
 }

@@ -1,15 +1,22 @@
 // The launcher: the caller's own process. It opens everything that needs the caller's view of the
-// host (the image, /dev/fuse), creates the supervisor in a new user namespace, forwards signals
-// to it and turns its report into a RunResult.
+// host (the image, /dev/fuse, the sandbox's cgroup), compiles the security policy, creates the
+// supervisor in a new user namespace, relays stdio where needed, forwards signals to it and turns
+// its report into a RunResult.
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
+#include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
+
 #include "image/image_source.h"
+#include "runtime/cgroups.h"
 #include "runtime/process.h"
 #include "runtime/signals.h"
 #include "runtime/stage_report.h"
+#include "runtime/stdio_relay.h"
 #include "runtime/supervisor.h"
 #include "security/landlock.h"
 #include "security/seccomp_choice.h"
@@ -46,14 +53,56 @@ void fill_result(const StageReport& report, RunResult& result) {
     if (result.timed_out) result.signal = SIGKILL;
 }
 
+std::optional<double> as_number(const std::optional<uint64_t>& value) {
+    if (!value) return std::nullopt;
+    return static_cast<double>(*value);
+}
+
+// Which mechanism holds each limit. RLIMIT_NPROC counts per user, and the kernel exempts the
+// host's root user from it: a root caller without a cgroup has no process limit at all.
+std::vector<AppliedLimit> describe_limits(const ResourceLimits& limits, const SandboxCgroup* cgroup) {
+    auto by = [&](bool in_cgroup, bool set, const char* fallback) -> std::string {
+        if (!set) return "none";
+        if (cgroup != nullptr && in_cgroup) return cgroup->mechanism();
+        return fallback;
+    };
+    const bool root = ::geteuid() == 0;
+    return {
+        {"memory", as_number(limits.memory_bytes),
+         by(cgroup != nullptr && cgroup->limits_memory(), limits.memory_bytes.has_value(),
+            "rlimit")},
+        {"pids", as_number(limits.processes),
+         by(cgroup != nullptr && cgroup->limits_processes(), limits.processes.has_value(),
+            root ? "none" : "rlimit")},
+        {"cpus", limits.cpus, by(true, limits.cpus.has_value(), "none")},
+        {"cpu_time", as_number(limits.cpu_seconds), by(false, limits.cpu_seconds.has_value(), "rlimit")},
+        {"file_size", as_number(limits.file_size_bytes),
+         by(false, limits.file_size_bytes.has_value(), "rlimit")},
+        {"open_files", as_number(limits.open_files),
+         by(false, limits.open_files.has_value(), "rlimit")},
+    };
+}
+
 // Decides everything that does not need the sandbox yet, so bad settings fail before any
 // namespace exists.
-SandboxPlan make_plan(const SandboxConfig& config) {
+SandboxPlan make_plan(const SandboxConfig& config, const SandboxCgroup* cgroup) {
     SandboxPlan plan;
     plan.config = &config;
     plan.seccomp = prepare_seccomp(config.seccomp_profile);
     plan.landlock_abi = landlock_abi_version();
     plan.rlimits = config.limits;
+    if (cgroup != nullptr) {
+        plan.cgroup_procs_fds = cgroup->procs_fds();
+        // The cgroup limits the whole sandbox; the per-process rlimits would only add surprises
+        // (RLIMIT_AS counts reserved address space, not memory).
+        if (cgroup->limits_memory()) plan.rlimits.memory_bytes.reset();
+        if (cgroup->limits_processes()) plan.rlimits.processes.reset();
+    }
+    if (config.limits.cpus && (cgroup == nullptr || !cgroup->limits_cpu())) {
+        throw Error(
+            "--cpus needs a cgroup with the cpu controller: run as root, or pass --cgroup DIR "
+            "(a cgroup v2 directory delegated to you)");
+    }
     if (config.verbose) {
         if (plan.seccomp) {
             print_error("seccomp: profile " + config.seccomp_profile + ", " +
@@ -64,48 +113,118 @@ SandboxPlan make_plan(const SandboxConfig& config) {
                         ? "landlock: applied (ABI " + std::to_string(plan.landlock_abi) +
                               "): the payload can reach only files beneath the sandbox's root"
                         : std::string("landlock: not applied (this kernel has no Landlock)"));
+        for (const auto& limit : describe_limits(config.limits, cgroup)) {
+            if (limit.value) {
+                char value[32];
+                std::snprintf(value, sizeof value, "%.15g", *limit.value);
+                print_error("limit " + limit.name + " = " + value + ": enforced by " +
+                            limit.enforced_by);
+            }
+        }
     }
     return plan;
+}
+
+// Restores SIGPIPE's disposition on scope exit; while relaying, a payload that closes its stdin
+// must give the launcher EPIPE, not kill it.
+class ScopedIgnoreSigpipe {
+  public:
+    ScopedIgnoreSigpipe() {
+        struct sigaction ignore {};
+        ignore.sa_handler = SIG_IGN;
+        (void)::sigaction(SIGPIPE, &ignore, &previous_);
+    }
+    ~ScopedIgnoreSigpipe() { (void)::sigaction(SIGPIPE, &previous_, nullptr); }
+    ScopedIgnoreSigpipe(const ScopedIgnoreSigpipe&) = delete;
+    ScopedIgnoreSigpipe& operator=(const ScopedIgnoreSigpipe&) = delete;
+
+  private:
+    struct sigaction previous_ {};
+};
+
+// Forwards signals to the supervisor and relays stdio until the supervisor has exited and all
+// relayed output is drained. Returns the supervisor's wait status.
+int supervise(ChildProcess& supervisor, StdioRelay& relay) {
+    sigset_t signals = pipeline_signals();
+    UniqueFd signal_fd(::signalfd(-1, &signals, SFD_CLOEXEC));
+    if (!signal_fd) throw system_error("signalfd");
+    std::optional<int> status;
+    std::vector<pollfd> fds;
+    for (;;) {
+        fds.assign({{signal_fd.get(), POLLIN, 0}});
+        relay.add_to_poll(fds);
+        // Once the supervisor is gone, so is every process that could write to the relay (they
+        // all die with it), so the remaining output ends with EOF promptly.
+        if (status && fds.size() == 1) break;
+        if (::poll(fds.data(), fds.size(), -1) < 0) {
+            if (errno == EINTR) continue;
+            throw system_error("poll");
+        }
+        if (fds[0].revents != 0) {
+            signalfd_siginfo info{};
+            if (::read(signal_fd.get(), &info, sizeof info) == sizeof info &&
+                is_forwarded_signal(static_cast<int>(info.ssi_signo))) {
+                supervisor.send(static_cast<int>(info.ssi_signo));
+            }
+            if (!status && (status = supervisor.try_reap())) relay.stop_input();
+        }
+        relay.handle_poll(fds);
+    }
+    return *status;
 }
 
 }  // namespace
 
 RunResult run_sandbox(const SandboxConfig& config) {
     RunResult result;
+    result.seccomp = config.seccomp_profile;
     try {
         ImageSource image = open_image(config.image);
-        SandboxPlan plan = make_plan(config);
         if (image.kind == ImageSource::Kind::kSquashfs) check_fuse_device();
+        std::optional<SandboxCgroup> cgroup = SandboxCgroup::create(config);
+        const SandboxCgroup* cgroup_ptr = cgroup ? &*cgroup : nullptr;
+        SandboxPlan plan = make_plan(config, cgroup_ptr);
         Pipe report_pipe = make_pipe("supervisor report");
+        StdioRelay relay(config.output_limit_bytes);
+        std::optional<ScopedIgnoreSigpipe> ignore_sigpipe;
+        if (relay.active()) ignore_sigpipe.emplace();
 
         ScopedSignalBlock block;
         const pid_t self = ::getpid();
         pid_t pid = clone_process(CLONE_NEWUSER | CLONE_NEWNS, "the sandbox's user namespace");
         if (pid == 0) {
             report_pipe.read_end.reset();
+            if (relay.active()) {
+                plan.diagnostics_fd = relay.install_in_child();
+                set_diagnostics_fd(plan.diagnostics_fd);
+            }
             run_supervisor({&plan, &image, report_pipe.write_end.get(), self});
         }
         ChildProcess supervisor(pid);
         report_pipe.write_end.reset();
+        relay.close_child_ends();
 
-        std::optional<int> supervisor_status;
-        while (!supervisor_status) {
-            siginfo_t info = *wait_for_signal(std::nullopt);
-            if (is_forwarded_signal(info.si_signo)) {
-                supervisor.send(info.si_signo);
-            } else {
-                supervisor_status = supervisor.try_reap();
-            }
-        }
+        const int supervisor_status = supervise(supervisor, relay);
         StageReport report;
         if (!receive_report(report_pipe.read_end.get(), report)) {
             throw Error("sandbox supervisor died unexpectedly (status " +
-                        std::to_string(shell_status(*supervisor_status)) + ")");
+                        std::to_string(shell_status(supervisor_status)) + ")");
         }
         fill_result(report, result);
+        result.stdout_truncated = relay.stdout_truncated();
+        result.stderr_truncated = relay.stderr_truncated();
+        result.limits = describe_limits(config.limits, cgroup_ptr);
+        result.landlock_abi = plan.landlock_abi;
+        if (cgroup && cgroup->oom_killed()) {
+            result.oom_killed = true;
+            print_error("out of memory: the sandbox reached its memory limit and the kernel "
+                        "killed a process in it");
+        }
     } catch (const Error& e) {
         print_error(e.what());
+        const std::string seccomp = result.seccomp;
         result = RunResult{};
+        result.seccomp = seccomp;
         result.exit_status = kExitSqboxFailure;
         result.error = e.what();
     }

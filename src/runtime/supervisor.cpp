@@ -62,7 +62,10 @@ void run_supervisor(const SupervisorContext& context) {
         // Out of the caller's process group: terminal signals reach only the launcher, which
         // forwards them exactly once.
         if (::setpgid(0, 0) != 0) throw system_error("setpgid");
-        close_other_fds({image.file.get(), context.report_fd});
+        std::vector<int> keep = plan.cgroup_procs_fds;
+        keep.insert(keep.end(), {image.file.get(), context.report_fd});
+        if (plan.diagnostics_fd >= 0) keep.push_back(plan.diagnostics_fd);
+        close_other_fds(keep);
 
         const IdMapping ids{config.map_root ? 0 : config.outside_uid,
                             config.map_root ? 0 : config.outside_gid, config.outside_uid,
@@ -95,6 +98,11 @@ void run_supervisor(const SupervisorContext& context) {
             fuse.reset();  // the server holds the connection now
         }
 
+        // Into the sandbox's cgroup now: the image server stays outside (its memory is sqbox's,
+        // not the payload's), init and everything it starts are inside.
+        for (int procs_fd : plan.cgroup_procs_fds) {
+            if (!write_all(procs_fd, "0", 1)) throw system_error("cannot join the sandbox's cgroup");
+        }
         Pipe init_report = make_pipe("init report");
         Pipe lifeline = make_pipe("lifeline");
         const auto started = Clock::now();

@@ -15,10 +15,19 @@ Error system_error(const std::string& what) {
     return system_error(what, errno);
 }
 
+namespace {
+int diagnostics_fd = -1;
+}  // namespace
+
+void set_diagnostics_fd(int fd) {
+    diagnostics_fd = fd;
+}
+
 void print_error(const std::string& message) {
     std::string line = "sqbox: " + message + "\n";
     // Best effort: if stderr is gone there is nobody left to tell.
-    (void)!::write(STDERR_FILENO, line.data(), line.size());
+    (void)!::write(diagnostics_fd >= 0 ? diagnostics_fd : STDERR_FILENO, line.data(),
+                   line.size());
 }
 
 }  // namespace sqbox

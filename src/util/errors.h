@@ -30,8 +30,12 @@ class Error : public std::runtime_error {
 [[nodiscard]] Error system_error(const std::string& what, int err);
 [[nodiscard]] Error system_error(const std::string& what);
 
-// Prints "sqbox: <message>" to stderr with a single write, so lines from several processes never
-// interleave mid-line.
+// Prints "sqbox: <message>" to stderr (or the diagnostics descriptor) with a single write, so
+// lines from several processes never interleave mid-line.
 void print_error(const std::string& message);
+
+// Where print_error writes from now on: the caller's real stderr when the payload's stderr is a
+// relay pipe (sqbox's own messages must not count against --output-limit). -1 means fd 2.
+void set_diagnostics_fd(int fd);
 
 }  // namespace sqbox

@@ -32,17 +32,67 @@ def test_cpu_time_limit(sqbox, busybox_image):
     assert result.returncode in (128 + signal.SIGXCPU, 128 + signal.SIGKILL)
 
 
-def test_memory_limit(sqbox, python_image):
-    result = sqbox.run(python_image, "python3", "-c",
-                       "x = bytearray(600 * 1024 * 1024)", options=["--memory", "256M"])
-    assert result.returncode == 1
-    assert "MemoryError" in result.stderr
+def run_with_record(sqbox, image, tmp_path, *command, options=(), **kwargs):
+    record = tmp_path / "record.json"
+    result = sqbox.run(image, *command, options=[*options, "--json", str(record)], **kwargs)
+    return result, json.loads(record.read_text())
 
 
-def test_pids_limit(sqbox, python_image):
-    if os.geteuid() == 0:
-        pytest.skip("RLIMIT_NPROC does not bind processes of host root (the kernel exempts "
-                    "uid 0); checked in the unprivileged pass")
+def test_default_limits_and_their_mechanisms_are_reported(sqbox, busybox_image, tmp_path):
+    result, data = run_with_record(sqbox, busybox_image, tmp_path, "true")
+    assert result.returncode == 0
+    limits = data["limits"]
+    assert limits["memory"]["value"] == 4 << 30
+    assert limits["pids"]["value"] == 512
+    assert limits["file_size"]["value"] == 1 << 30
+    assert limits["open_files"]["value"] == 4096
+    assert limits["cpu_time"] == {"value": None, "enforced_by": "none"}
+    assert limits["file_size"]["enforced_by"] == "rlimit"
+    assert limits["memory"]["enforced_by"] in ("rlimit", "cgroup-v1", "cgroup-v2")
+    if os.geteuid() != 0:
+        # No delegated cgroup for an ordinary user unless --cgroup is given.
+        assert limits["memory"]["enforced_by"] == "rlimit"
+        assert limits["pids"]["enforced_by"] == "rlimit"
+    assert data["seccomp"] == "default"
+
+
+def test_unlimited_lifts_a_default(sqbox, busybox_image, tmp_path):
+    result, data = run_with_record(sqbox, busybox_image, tmp_path, "sh", "-c", "ulimit -n",
+                                   options=["--memory", "unlimited", "--nofile", "unlimited"])
+    assert data["limits"]["memory"] == {"value": None, "enforced_by": "none"}
+    assert data["limits"]["open_files"] == {"value": None, "enforced_by": "none"}
+    assert result.stdout.strip() != "4096"
+
+
+def test_memory_limit(sqbox, python_image, tmp_path):
+    result, data = run_with_record(sqbox, python_image, tmp_path, "python3", "-c",
+                                   "x = bytearray(600 * 1024 * 1024)", options=["--memory", "256M"])
+    if data["limits"]["memory"]["enforced_by"] == "rlimit":
+        assert result.returncode == 1
+        assert "MemoryError" in result.stderr
+        assert data["oom_killed"] is False
+    else:
+        # A cgroup limit: the kernel's OOM killer ends it, and sqbox says so.
+        assert result.returncode == 128 + signal.SIGKILL
+        assert data["oom_killed"] is True
+        assert data["signal"] == signal.SIGKILL
+        assert "sqbox: out of memory" in result.stderr
+
+
+def test_oom_kill_is_reported_as_such(sqbox, python_image, tmp_path):
+    probe, data = run_with_record(sqbox, python_image, tmp_path, "true")
+    if data["limits"]["memory"]["enforced_by"] == "rlimit":
+        pytest.skip("needs a cgroup memory controller (root, or --cgroup with a delegated "
+                    "cgroup v2); this user gets RLIMIT_AS, which fails allocations instead")
+    script = "x = []\nwhile True: x.append(bytearray(16 << 20))"
+    result, data = run_with_record(sqbox, python_image, tmp_path, "python3", "-c", script,
+                                   options=["--memory", "128M"])
+    assert data["oom_killed"] is True
+    assert result.returncode == 137
+    assert result.stderr.count("sqbox: out of memory") == 1
+
+
+def test_pids_limit(sqbox, python_image, tmp_path):
     script = ("import os\n"
               "children = 0\n"
               "try:\n"
@@ -52,10 +102,66 @@ def test_pids_limit(sqbox, python_image):
               "        children += 1\n"
               "except BlockingIOError:\n"
               "    print('limited at', children)\n")
-    result = sqbox.run(python_image, "python3", "-c", script, options=["--pids", "8"],
-                       timeout=60)
+    result, data = run_with_record(sqbox, python_image, tmp_path, "python3", "-c", script,
+                                   options=["--pids", "8"], timeout=60)
+    if data["limits"]["pids"]["enforced_by"] == "none":
+        assert os.geteuid() == 0
+        pytest.skip("host root without a cgroup pids controller: RLIMIT_NPROC does not bind "
+                    "uid 0 (the record says so)")
     assert result.stdout.startswith("limited at")
     assert int(result.stdout.split()[-1]) < 8
+
+
+def test_cpus_needs_a_cgroup(sqbox, busybox_image, tmp_path):
+    result, data = run_with_record(sqbox, busybox_image, tmp_path, "true",
+                                   options=["--cpus", "0.5"])
+    if os.geteuid() != 0:
+        assert result.returncode == 125
+        assert result.stderr.startswith("sqbox: --cpus needs a cgroup")
+        assert result.stderr.count("\n") == 1
+    elif result.returncode == 0:
+        assert data["limits"]["cpus"]["value"] == 0.5
+        assert data["limits"]["cpus"]["enforced_by"].startswith("cgroup")
+
+
+def test_cgroup_option_rejects_a_directory_that_is_not_a_delegated_cgroup(sqbox, busybox_image,
+                                                                          tmp_path):
+    result = sqbox.run(busybox_image, "true", options=["--cgroup", str(tmp_path)])
+    assert result.returncode == 125
+    assert "not a cgroup v2 directory you can write" in result.stderr
+    assert result.stderr.count("\n") == 1
+
+
+def _cgroup2_with(controllers):
+    with open("/proc/self/mountinfo") as mounts:
+        for line in mounts:
+            fields = line.split()
+            if fields[fields.index("-") + 1] == "cgroup2":
+                point = fields[4]
+                available = open(os.path.join(point, "cgroup.controllers")).read().split()
+                if all(c in available for c in controllers):
+                    return point
+    return None
+
+
+def test_delegated_cgroup_v2(sqbox, python_image, tmp_path):
+    """--cgroup DIR: the limits go to cgroup v2 files under DIR."""
+    point = _cgroup2_with(["memory", "pids"])
+    if os.geteuid() != 0 or point is None:
+        pytest.skip("needs root to make a delegated cgroup v2 with the memory and pids "
+                    "controllers (this host binds them to cgroup v1)" if point is None else
+                    "needs root to create the delegated cgroup for the test")
+    parent = os.path.join(point, f"sqbox-test-{os.getpid()}")
+    os.mkdir(parent)
+    try:
+        result, data = run_with_record(sqbox, python_image, tmp_path, "python3", "-c",
+                                       "x = []\nwhile True: x.append(bytearray(16 << 20))",
+                                       options=["--cgroup", parent, "--memory", "128M"])
+        assert data["limits"]["memory"]["enforced_by"] == "cgroup-v2"
+        assert data["oom_killed"] is True
+        assert [d for d in os.listdir(parent) if d.startswith("sqbox-")] == []
+    finally:
+        os.rmdir(parent)
 
 
 def test_file_size_limit(sqbox, busybox_image):

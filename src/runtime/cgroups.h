@@ -1,0 +1,62 @@
+// The sandbox's own cgroup: where sqbox can get one, memory, process count and CPU share are
+// limited for the whole sandbox (not per process, as rlimits are), and an out-of-memory kill can
+// be told apart from other deaths.
+//
+// Where the cgroup comes from:
+//  - --cgroup DIR: a cgroup v2 directory delegated to the caller (writable, no processes of its
+//    own, e.g. made by `systemd-run --user -p Delegate=yes`); sqbox creates DIR/sqbox-<pid>-<n>.
+//  - run as root without --cgroup: <cgroup2 mount>/sqbox/sqbox-<pid>-<n> if the v2 hierarchy has
+//    the memory and pids controllers, else a child of root's own cgroup in each cgroup v1
+//    hierarchy (memory, pids, cpu) that is mounted.
+//  - otherwise none, and the limits fall back to rlimits.
+// The launcher creates it; the supervisor moves itself in (after starting the image server,
+// which stays outside) through descriptors the launcher opened, so everything in the sandbox is
+// inside; the launcher removes it when the sandbox is gone.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sqbox/config.h"
+#include "util/unique_fd.h"
+
+namespace sqbox {
+
+class SandboxCgroup {
+  public:
+    // Creates the sandbox's cgroup for `config` and writes its limits; nullopt when no cgroup is
+    // available (see above). Throws when --cgroup was given but cannot be used.
+    static std::optional<SandboxCgroup> create(const SandboxConfig& config);
+
+    SandboxCgroup(SandboxCgroup&&) noexcept = default;
+    SandboxCgroup& operator=(SandboxCgroup&&) noexcept = default;
+    ~SandboxCgroup();
+
+    // "cgroup-v2" or "cgroup-v1", for reports.
+    [[nodiscard]] const std::string& mechanism() const { return mechanism_; }
+    [[nodiscard]] bool limits_memory() const { return memory_; }
+    [[nodiscard]] bool limits_processes() const { return pids_; }
+    [[nodiscard]] bool limits_cpu() const { return cpu_; }
+    // Open cgroup.procs files: writing "0" to each moves the writer in.
+    [[nodiscard]] std::vector<int> procs_fds() const;
+    // Whether the kernel's OOM killer killed a process of this cgroup.
+    [[nodiscard]] bool oom_killed() const;
+
+  private:
+    struct Directory {
+        std::string path;
+        UniqueFd procs;
+    };
+    SandboxCgroup() = default;
+    void remove() noexcept;
+
+    std::string mechanism_;
+    std::vector<Directory> directories_;
+    std::string memory_dir_;  // where memory.events (v2) or memory.oom_control (v1) lives
+    bool memory_ = false;
+    bool pids_ = false;
+    bool cpu_ = false;
+};
+
+}  // namespace sqbox
