@@ -60,7 +60,7 @@ def extract(image, workdir, user):
     return rootfs
 
 
-def commands(sqbox, image, rootfs, user):
+def commands(sqbox, image, rootfs, user, compare=None):
     """(name, argv) for each row; every row goes through runuser when --as-user."""
     if os.geteuid() == 0 and not user:
         native = ("native (chroot)", ["chroot", rootfs] + PAYLOAD)
@@ -76,6 +76,9 @@ def commands(sqbox, image, rootfs, user):
         ("sqbox run IMAGE.sqsh", [sqbox, "run", image, "--"] + PAYLOAD),
         ("sqbox run ROOTFS (dir)", [sqbox, "run", rootfs, "--"] + PAYLOAD),
     ]
+    if compare:
+        # Another build of sqbox (e.g. an older commit), to measure what a change costs.
+        rows.append(("compare: sqbox run IMAGE.sqsh", [compare, "run", image, "--"] + PAYLOAD))
     return [(name, as_user(user, argv)) for name, argv in rows]
 
 
@@ -201,6 +204,9 @@ def main():
     ap.add_argument("--as-user", metavar="USER",
                     help="run every row via `runuser -u USER --` (needs root)")
     ap.add_argument("--json", metavar="FILE", help="also write all figures to FILE")
+    ap.add_argument("--compare", metavar="SQBOX",
+                    help="another sqbox binary to measure in the same rounds (e.g. a build of "
+                         "an older commit)")
     args = ap.parse_args()
 
     if args.rounds < 2:
@@ -215,7 +221,8 @@ def main():
     workdir = tempfile.mkdtemp(prefix="sqbox-bench-")
     try:
         rootfs = extract(image, workdir, args.as_user)
-        rows = commands(sqbox, image, rootfs, args.as_user)
+        compare = os.path.abspath(args.compare) if args.compare else None
+        rows = commands(sqbox, image, rootfs, args.as_user, compare)
         samples = measure(rows, args.rounds)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

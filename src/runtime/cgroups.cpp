@@ -233,10 +233,11 @@ std::optional<SandboxCgroup> SandboxCgroup::create(const SandboxConfig& config) 
         return std::nullopt;
     }
 
+    const char* join_file = cgroup.mechanism_ == "cgroup-v2" ? "/cgroup.procs" : "/tasks";
     for (auto& directory : cgroup.directories_) {
-        const std::string procs = directory.path + "/cgroup.procs";
-        directory.procs.reset(::open(procs.c_str(), O_WRONLY | O_CLOEXEC));
-        if (!directory.procs) throw system_error("cannot open " + procs);
+        const std::string path = directory.path + join_file;
+        directory.join.reset(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
+        if (!directory.join) throw system_error("cannot open " + path);
     }
     cgroup.memory_ = limits.memory_bytes.has_value();
     cgroup.pids_ = limits.processes.has_value();
@@ -248,7 +249,7 @@ SandboxCgroup::~SandboxCgroup() { remove(); }
 
 void SandboxCgroup::remove() noexcept {
     for (auto& directory : directories_) {
-        directory.procs.reset();
+        directory.join.reset();
         // The last processes may still be on their way out for a moment after init is reaped.
         for (int attempt = 0; attempt < 100; ++attempt) {
             if (::rmdir(directory.path.c_str()) == 0 || errno == ENOENT) break;
@@ -259,9 +260,9 @@ void SandboxCgroup::remove() noexcept {
     directories_.clear();
 }
 
-std::vector<int> SandboxCgroup::procs_fds() const {
+std::vector<int> SandboxCgroup::join_fds() const {
     std::vector<int> fds;
-    for (const auto& directory : directories_) fds.push_back(directory.procs.get());
+    for (const auto& directory : directories_) fds.push_back(directory.join.get());
     return fds;
 }
 

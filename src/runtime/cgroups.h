@@ -9,9 +9,10 @@
 //    the memory and pids controllers, else a child of root's own cgroup in each cgroup v1
 //    hierarchy (memory, pids, cpu) that is mounted.
 //  - otherwise none, and the limits fall back to rlimits.
-// The launcher creates it; the supervisor moves itself in (after starting the image server,
-// which stays outside) through descriptors the launcher opened, so everything in the sandbox is
-// inside; the launcher removes it when the sandbox is gone.
+// The launcher creates it and opens the files that move a process in; init moves itself in
+// through them before starting the payload (the supervisor and the image server stay outside, so
+// the OOM killer can only pick sandbox processes); the launcher removes it when the sandbox is
+// gone.
 #pragma once
 
 #include <optional>
@@ -38,15 +39,17 @@ class SandboxCgroup {
     [[nodiscard]] bool limits_memory() const { return memory_; }
     [[nodiscard]] bool limits_processes() const { return pids_; }
     [[nodiscard]] bool limits_cpu() const { return cpu_; }
-    // Open cgroup.procs files: writing "0" to each moves the writer in.
-    [[nodiscard]] std::vector<int> procs_fds() const;
+    // Writing "0" to each of these moves the calling (single-threaded) process in. In v1 they
+    // are "tasks" files: moving one thread that way skips the global lock whose RCU grace period
+    // (~10 ms) a whole-process move through cgroup.procs waits for.
+    [[nodiscard]] std::vector<int> join_fds() const;
     // Whether the kernel's OOM killer killed a process of this cgroup.
     [[nodiscard]] bool oom_killed() const;
 
   private:
     struct Directory {
         std::string path;
-        UniqueFd procs;
+        UniqueFd join;
     };
     SandboxCgroup() = default;
     void remove() noexcept;

@@ -1,6 +1,7 @@
 #include "runtime/init.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -38,6 +39,17 @@ void die_with_supervisor(int lifeline_fd) {
     if (::prctl(PR_SET_DUMPABLE, 0) != 0) throw system_error("prctl(PR_SET_DUMPABLE)");
     pollfd pfd{lifeline_fd, POLLIN, 0};
     if (::poll(&pfd, 1, 0) != 0) ::_exit(kExitSqboxFailure);  // EOF/HUP: supervisor already gone
+}
+
+// Moves init into the sandbox's cgroup (if it has one) before the payload exists, then makes the
+// current cgroup the root of a fresh cgroup namespace: the payload sees "/" and nothing of the
+// host's tree.
+void enter_sandbox_cgroup(const std::vector<int>& join_fds) {
+    for (int fd : join_fds) {
+        if (!write_all(fd, "0", 1)) throw system_error("cannot move into the sandbox's cgroup");
+        (void)::close(fd);
+    }
+    if (::unshare(CLONE_NEWCGROUP) != 0) throw system_error("unshare(CLONE_NEWCGROUP)");
 }
 
 void prepare_sandbox(const SandboxConfig& config) {
@@ -89,6 +101,7 @@ void run_init(const InitContext& context) {
 
     StageReport report;
     try {
+        enter_sandbox_cgroup(plan.cgroup_join_fds);
         Pipe exec_status = make_pipe("exec status");
         const auto started = Clock::now();
         pid_t payload = ::fork();

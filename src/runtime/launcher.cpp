@@ -92,7 +92,7 @@ SandboxPlan make_plan(const SandboxConfig& config, const SandboxCgroup* cgroup) 
     plan.landlock_abi = landlock_abi_version();
     plan.rlimits = config.limits;
     if (cgroup != nullptr) {
-        plan.cgroup_procs_fds = cgroup->procs_fds();
+        plan.cgroup_join_fds = cgroup->join_fds();
         // The cgroup limits the whole sandbox; the per-process rlimits would only add surprises
         // (RLIMIT_AS counts reserved address space, not memory).
         if (cgroup->limits_memory()) plan.rlimits.memory_bytes.reset();

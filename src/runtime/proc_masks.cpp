@@ -37,12 +37,13 @@ UniqueFd open_entry(int proc_fd, const char* name, struct stat& info) {
 
 }  // namespace
 
-void mask_proc(int root_fd) {
+void mask_proc(int root_fd, bool payload_is_host_root) {
     UniqueFd proc = resolve_in_root(root_fd, "/proc", EntryKind::kDirectory, false, "/proc");
     for (const char* name : kHiddenFiles) {
         struct stat info {};
         UniqueFd target = open_entry(proc.get(), name, info);
         if (!target) continue;
+        if (!payload_is_host_root && (info.st_mode & S_IROTH) == 0) continue;  // host root's
         // /dev is sqbox's own tmpfs by now, so this path cannot be redirected by the image.
         UniqueFd cover = clone_mount_tree(root_fd, "dev/null", false, std::string("/proc/") + name);
         attach_mount(cover.get(), target.get(), std::string("/proc/") + name);

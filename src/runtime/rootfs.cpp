@@ -209,7 +209,7 @@ PreparedRoot assemble_rootfs(const SandboxConfig& config) {
     mount_fresh(root, "/proc", "proc", {},
                 MountAttr::kNoSuid | MountAttr::kNoDev | MountAttr::kNoExec, create);
     mount_devices(root, create, config.tmpfs_size_bytes);
-    mask_proc(root);
+    mask_proc(root, config.outside_uid == 0);
     mount_fresh(root, "/tmp", "tmpfs",
                 {{"mode", "1777"}, {"size", size_option(config.tmpfs_size_bytes)}},
                 MountAttr::kNoSuid | MountAttr::kNoDev, create);

@@ -17,7 +17,7 @@ struct SandboxPlan {
     std::optional<SeccompFilter> seccomp;  // nullopt: --seccomp none
     int landlock_abi = 0;                  // 0: Landlock unavailable, not applied
     ResourceLimits rlimits;                // what the payload applies with setrlimit(2)
-    std::vector<int> cgroup_procs_fds;     // the supervisor moves itself into these cgroups
+    std::vector<int> cgroup_join_fds;      // init moves itself into the sandbox's cgroup(s)
     int diagnostics_fd = -1;               // where sqbox's own messages go (stderr when -1)
 };
 

@@ -26,8 +26,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The cgroup namespace comes later: init creates it once it is in the sandbox's cgroup.
 constexpr unsigned long kSandboxNamespaces =
-    CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP | CLONE_NEWNS;
+    CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNS;
 
 // Closes every descriptor except `keep` (and stdio): nothing the caller leaked into sqbox stays
 // open in the long-lived processes of the sandbox.
@@ -62,7 +63,7 @@ void run_supervisor(const SupervisorContext& context) {
         // Out of the caller's process group: terminal signals reach only the launcher, which
         // forwards them exactly once.
         if (::setpgid(0, 0) != 0) throw system_error("setpgid");
-        std::vector<int> keep = plan.cgroup_procs_fds;
+        std::vector<int> keep = plan.cgroup_join_fds;
         keep.insert(keep.end(), {image.file.get(), context.report_fd});
         if (plan.diagnostics_fd >= 0) keep.push_back(plan.diagnostics_fd);
         close_other_fds(keep);
@@ -98,11 +99,6 @@ void run_supervisor(const SupervisorContext& context) {
             fuse.reset();  // the server holds the connection now
         }
 
-        // Into the sandbox's cgroup now: the image server stays outside (its memory is sqbox's,
-        // not the payload's), init and everything it starts are inside.
-        for (int procs_fd : plan.cgroup_procs_fds) {
-            if (!write_all(procs_fd, "0", 1)) throw system_error("cannot join the sandbox's cgroup");
-        }
         Pipe init_report = make_pipe("init report");
         Pipe lifeline = make_pipe("lifeline");
         const auto started = Clock::now();
