@@ -209,6 +209,9 @@ PreparedRoot assemble_rootfs(const SandboxConfig& config) {
     mount_fresh(root, "/proc", "proc", {},
                 MountAttr::kNoSuid | MountAttr::kNoDev | MountAttr::kNoExec, create);
     mount_devices(root, create, config.tmpfs_size_bytes);
+    // No user namespaces below the sandbox's own, even with --seccomp none: a new one would give
+    // the payload capabilities over it. (This sysctl is per user namespace: it is ours.)
+    write_file_at(root, "proc/sys/user/max_user_namespaces", "0", O_NOFOLLOW);
     mask_proc(root, config.outside_uid == 0);
     mount_fresh(root, "/tmp", "tmpfs",
                 {{"mode", "1777"}, {"size", size_option(config.tmpfs_size_bytes)}},

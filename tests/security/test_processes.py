@@ -1,0 +1,311 @@
+"""Escapes through processes: seeing, signalling and tracing host processes and sqbox's init,
+overwriting sqbox's binary (runc CVE-2019-5736), inherited descriptors (runc CVE-2024-21626),
+and processes that try to outlive the sandbox."""
+import fcntl
+import hashlib
+import os
+import time
+
+import pytest
+
+from escape_support import parse_results, wait_until_empty, wait_until_gone
+
+PTRACE_ATTACH, PTRACE_SEIZE = 16, 0x4206
+NR_PTRACE, NR_PROCESS_VM_READV, NR_PIDFD_OPEN, NR_PIDFD_GETFD = 101, 310, 434, 438
+
+# Reads one word of another process's memory through process_vm_readv.
+VM_READ = """
+def vm_read(pid):
+    buf = ctypes.create_string_buffer(8)
+    local = (ctypes.c_void_p * 2)(ctypes.cast(buf, ctypes.c_void_p), 8)
+    remote = (ctypes.c_void_p * 2)(0x400000, 8)
+    return sysc(310, pid, local, 1, remote, 1, 0)
+"""
+
+
+def test_host_processes_are_invisible(box, host_sleeper):
+    result, res = box.py_results("""
+        host_pid = int(sys.argv[2])
+        cmdlines = {}
+        for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+            try:
+                cmdlines[pid] = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
+            except OSError as e:
+                cmdlines[pid] = ename(e.errno)
+        attempt("proc_entry", os.stat, f"/proc/{host_pid}")
+        attempt("kill0", os.kill, host_pid, 0)
+        finish(cmdlines=cmdlines, me=os.getpid())
+    """, host_sleeper.pid)
+    cmdlines = res["cmdlines"]
+    assert "sleep\x00100000\x00" not in "".join(cmdlines.values())
+    assert len(cmdlines) <= 3, cmdlines  # init, the payload (and at most a transient helper)
+    assert res["me"] < 10
+    if host_sleeper.pid >= 10:  # a host pid equal to a sandbox pid would name a sandbox process
+        assert res["proc_entry"] == "ENOENT" and res["kill0"] == "ESRCH", res
+
+
+def test_host_processes_cannot_be_signalled(box, host_sleeper):
+    result, res = box.py_results("""
+        import signal
+        host_pid = int(sys.argv[2])
+        attempt("kill", os.kill, host_pid, signal.SIGKILL)
+        attempt("kill_group", os.kill, -host_pid, signal.SIGKILL)
+        note("pidfd_open", sysc(434, host_pid, 0))
+        attempt("kill_all", os.kill, -1, signal.SIGKILL)  # every process the payload may signal
+        finish(survived=True)
+    """, host_sleeper.pid)
+    assert res["survived"] is True
+    if host_sleeper.pid >= 10:
+        assert res["kill"] == "ESRCH" and res["kill_group"] == "ESRCH", res
+        assert res["pidfd_open"] == "ESRCH", res
+    # allowed, but confined to the sandbox (ESRCH: nothing there the payload may signal)
+    assert res["kill_all"] in ("ok", "ESRCH"), res
+    time.sleep(0.2)
+    assert host_sleeper.poll() is None
+
+
+def test_host_processes_cannot_be_traced(box, host_sleeper):
+    result, res = box.py_results("""
+        host_pid = int(sys.argv[2])
+        note("ptrace_attach", sysc(101, 16, host_pid, 0, 0))
+        note("ptrace_seize", sysc(101, 0x4206, host_pid, 0, 0))
+        note("vm_readv", vm_read(host_pid))
+        attempt("mem", open, f"/proc/{host_pid}/mem", "rb")
+        finish()
+    """, host_sleeper.pid, helpers=VM_READ)
+    if host_sleeper.pid < 10:
+        pytest.fail(f"host sleeper has pid {host_sleeper.pid}; cannot tell it from sandbox pids")
+    for key in ("ptrace_attach", "ptrace_seize", "vm_readv"):
+        assert res[key] in ("ESRCH", "EPERM"), res
+    assert res["mem"] == "ENOENT", res
+    status = open(f"/proc/{host_sleeper.pid}/status").read()
+    assert "TracerPid:\t0" in status
+
+
+def test_init_cannot_be_traced_or_plundered(box):
+    """sqbox's init (pid 1) runs sqbox's own code: no ptrace, no memory, no fds, no namespaces,
+    no root or cwd, no environment."""
+    result, res = box.py_results("""
+        note("ptrace_attach", sysc(101, 16, 1, 0, 0))
+        note("ptrace_seize", sysc(101, 0x4206, 1, 0, 0))
+        note("vm_readv", vm_read(1))
+        attempt("mem", open, "/proc/1/mem", "rb")
+        attempt("environ", open, "/proc/1/environ", "rb")
+        for fd in attempt("fd_dir", os.listdir, "/proc/1/fd") or range(0, 8):
+            attempt(f"fd_link_{fd}", os.readlink, f"/proc/1/fd/{fd}")
+            attempt(f"fd_open_{fd}", os.open, f"/proc/1/fd/{fd}", os.O_RDONLY)
+        attempt("root", os.listdir, "/proc/1/root")
+        attempt("cwd", os.listdir, "/proc/1/cwd")
+        attempt("ns_mnt", open, "/proc/1/ns/mnt", "rb")
+        attempt("ns_user", open, "/proc/1/ns/user", "rb")
+        attempt("map_files", os.listdir, "/proc/1/map_files")
+        pidfd = note("pidfd_open", sysc(434, 1, 0))
+        for fd in range(0, 8):
+            note(f"pidfd_getfd_{fd}", sysc(438, pidfd, fd, 0))
+        finish(init_state=open("/proc/1/stat").read().split(") ")[1].split()[0])
+    """, helpers=VM_READ)
+    assert result.returncode == 0, result.stderr
+    assert res["ptrace_attach"] == "EPERM" and res["ptrace_seize"] == "EPERM", res
+    assert res["vm_readv"] == "EPERM", res
+    for key in ("mem", "environ", "root", "cwd", "ns_mnt", "ns_user", "map_files"):
+        assert res[key] in ("EACCES", "EPERM"), (key, res)
+    # Listing /proc/1/fd shows numbers only (allowed where init's uid owns it); following any
+    # of them must fail.
+    links = [k for k in res if k.startswith(("fd_link_", "fd_open_"))]
+    assert links, res
+    for key in links:
+        assert res[key] in ("EACCES", "EPERM"), (key, res)
+    assert res["pidfd_open"] == "ok", res  # not itself a hole; what it grants is checked here:
+    for fd in range(0, 8):
+        assert res[f"pidfd_getfd_{fd}"] == "EPERM", res
+    assert res["init_state"] in ("S", "R"), res
+
+
+@pytest.mark.parametrize("signals", [["SIGKILL"], ["SIGTERM"],
+                                     ["SIGKILL", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT",
+                                      "SIGSTOP"]],
+                         ids=["kill-9", "kill-TERM", "all"])
+def test_killing_init_does_not_change_the_payloads_status(box, signals):
+    """A payload signalling its own init: init survives, and sqbox reports the payload's own
+    exit status (signals from inside the sandbox are not bounced back to the payload)."""
+    result = box.py("""
+        import signal, time
+        for name in sys.argv[2:]:
+            attempt(name, os.kill, 1, getattr(signal, name))
+        time.sleep(0.3)
+        finish(init_state=open("/proc/1/stat").read().split(") ")[1].split()[0])
+        raise SystemExit(7)
+    """, *signals)
+    res = parse_results(result.stdout)
+    assert result.returncode == 7, result
+    # Refused (EPERM) or delivered and ignored: either way init lives on.
+    assert res.pop("init_state") in ("S", "R"), res
+    assert all(outcome in ("ok", "EPERM") for outcome in res.values()), res
+    assert sorted(res) == sorted(signals)
+
+
+def test_daemon_does_not_outlive_the_sandbox(box, marker):
+    """Double fork + setsid, stdio detached: the daemon dies with the sandbox, and sqbox does not
+    wait for it."""
+    start = time.monotonic()
+    result = box.py("""
+        import time
+        first = os.fork()
+        if first == 0:
+            os.setsid()
+            if os.fork() == 0:
+                null = os.open("/dev/null", os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(null, fd)
+                os.execv("/bin/sleep", ["sleep", "60"])  # no marker in its command line
+            os._exit(0)
+        os.waitpid(first, 0)
+        print(os.readlink("/proc/self/ns/pid"), flush=True)
+    """, options=["--timeout", "30"])
+    elapsed = time.monotonic() - start
+    assert result.returncode == 0, result
+    namespace = result.stdout.strip()
+    assert namespace.startswith("pid:["), result.stdout
+    assert elapsed < 10
+    assert wait_until_empty(namespace) == []
+    assert wait_until_gone(marker) == []
+
+
+def test_timeout_kills_processes_that_ignore_signals(box, marker):
+    start = time.monotonic()
+    result = box.sh("readlink /proc/self/ns/pid; trap '' TERM HUP INT QUIT; "
+                    "(trap '' TERM HUP INT QUIT; sleep 100; :) & sleep 100; :",
+                    options=["--timeout", "1"])
+    elapsed = time.monotonic() - start
+    assert result.returncode == 124, result
+    assert "timed out" in result.stderr
+    assert elapsed < 10
+    namespace = result.stdout.strip()
+    assert namespace.startswith("pid:["), result.stdout
+    assert wait_until_empty(namespace) == []
+    assert wait_until_gone(marker) == []
+
+
+def _sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def test_sqbox_binary_cannot_be_overwritten_through_proc_exe(box, sqbox_bin, python_image):
+    """runc CVE-2019-5736: /proc/1/exe (init runs sqbox's binary) and /proc/self/exe opened for
+    writing, directly and by re-opening an O_PATH descriptor; exec of /proc/1/exe."""
+    binary_before = _sha256(sqbox_bin)
+    image_before = _sha256(python_image)
+    result, res = box.py_results("""
+        import subprocess
+        evil = b"#!/bin/sh\\necho pwned\\n"
+        def overwrite(path, flags=os.O_WRONLY | os.O_TRUNC):
+            fd = os.open(path, flags)
+            os.write(fd, evil)
+            os.close(fd)
+        attempt("init_exe_write", overwrite, "/proc/1/exe")
+        attempt("init_exe_readlink", os.readlink, "/proc/1/exe")
+        attempt("init_exe_read", open, "/proc/1/exe", "rb")
+        path_fd = attempt("init_exe_opath", os.open, "/proc/1/exe", os.O_PATH)
+        if path_fd is not None:
+            attempt("init_exe_reopen", overwrite, f"/proc/self/fd/{path_fd}")
+        attempt("self_exe_write", overwrite, "/proc/self/exe", os.O_WRONLY)
+        for pid in [p for p in os.listdir("/proc") if p.isdigit() and p not in ("1",)]:
+            attempt(f"exe_write_{pid}", overwrite, f"/proc/{pid}/exe", os.O_WRONLY)
+        attempt("exec_init_exe", subprocess.run, ["/proc/1/exe", "--version"])
+        attempt("map_files", os.listdir, "/proc/1/map_files")
+        finish()
+    """)
+    assert result.returncode == 0, result.stderr
+    assert res["init_exe_write"] == "EACCES", res
+    assert res["init_exe_readlink"] == "EACCES" and res["init_exe_read"] == "EACCES", res
+    assert res["init_exe_opath"] == "EACCES", res
+    assert res["self_exe_write"] == "ETXTBSY", res
+    for key, value in res.items():
+        if key.startswith("exe_write_"):
+            assert value in ("ETXTBSY", "EACCES"), (key, res)
+    assert res["exec_init_exe"] == "EACCES", res
+    assert res["map_files"] in ("EACCES", "EPERM"), res
+    assert "pwned" not in result.stdout
+    assert _sha256(sqbox_bin) == binary_before
+    assert _sha256(python_image) == image_before
+
+
+def _free_fds(count, start):
+    """count descriptor numbers from start up that nothing in this process uses (pytest's output
+    capture holds a few low ones)."""
+    free = []
+    fd = start
+    while len(free) < count:
+        try:
+            fcntl.fcntl(fd, fcntl.F_GETFD)
+        except OSError:
+            free.append(fd)
+        fd += 1
+    return free
+
+
+@pytest.fixture
+def leaked_host_fds(host_sentinel):
+    """Descriptors a careless caller leaks into sqbox: the host sentinel directory twice, the
+    sentinel file, and the host's root directory (returned in that order)."""
+    targets = _free_fds(2, 7) + _free_fds(2, 200)
+    opened = []
+    for path, flags in ((host_sentinel.dir, os.O_RDONLY | os.O_DIRECTORY),
+                        (host_sentinel.file, os.O_RDONLY), ("/", os.O_RDONLY | os.O_DIRECTORY)):
+        fd = os.open(path, flags)
+        # moved above the targets, so that dup2 never closes a source
+        opened.append(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 1000))
+        os.close(fd)
+    fds = []
+    for source, target in zip((opened[0], opened[1], opened[0], opened[2]), targets):
+        fds.append(os.dup2(source, target, inheritable=True))
+    for fd in opened:
+        os.close(fd)
+    yield tuple(fds)
+    for fd in fds:
+        os.close(fd)
+
+
+def test_inherited_descriptors_do_not_reach_the_host(box, host_sentinel, leaked_host_fds):
+    """runc CVE-2024-21626: scan every fd number through fstat, openat(fd, ".."),
+    /proc/self/fd/N/.. and /proc/1/fd/N."""
+    result, res = box.py_results("""
+        listed = sorted(int(n) for n in os.listdir("/proc/self/fd"))
+        reached = {}
+        for fd in range(3, 256):
+            for how, fn in (("fstat", lambda: os.fstat(fd)),
+                            ("openat_dotdot", lambda: os.open("..", os.O_RDONLY, dir_fd=fd)),
+                            ("proc_self", lambda: os.listdir(f"/proc/self/fd/{fd}/..")),
+                            ("proc_init", lambda: os.listdir(f"/proc/1/fd/{fd}")),
+                            ("proc_init_open", lambda: os.open(f"/proc/1/fd/{fd}", os.O_RDONLY))):
+                try:
+                    value = fn()
+                    reached[f"{how}_{fd}"] = str(value)
+                except OSError:
+                    pass
+        attempt("init_cwd", os.listdir, "/proc/1/cwd")
+        finish(listed=listed, reached=reached)
+    """, pass_fds=leaked_host_fds)
+    assert host_sentinel.secret not in result.stdout + result.stderr
+    assert "secret.txt" not in result.stdout
+    # os.listdir holds one descriptor (3) on /proc/self/fd while listing it.
+    assert res["listed"] == [0, 1, 2, 3], res
+    assert res["reached"] == {}, res
+    assert res["init_cwd"] == "EACCES", res
+
+
+@pytest.mark.parametrize("which", [0, 3], ids=["sentinel-dir", "host-root"])
+def test_workdir_through_an_inherited_descriptor_is_refused(box, host_sentinel, leaked_host_fds,
+                                                            which):
+    """runc CVE-2024-21626's actual exploit: the working directory set to /proc/self/fd/N."""
+    fd = leaked_host_fds[which]
+    result = box.sh("pwd; ls; cat secret.txt; ls ../../..",
+                    options=["--workdir", f"/proc/self/fd/{fd}"], pass_fds=leaked_host_fds)
+    assert host_sentinel.secret not in result.stdout + result.stderr
+    assert "secret.txt" not in result.stdout
+    assert result.returncode == 125, result
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("sqbox:"), result.stderr

@@ -1,0 +1,212 @@
+"""Exhausting the host: processes, memory, disk, output. Each bomb must end (by the limit or the
+timeout) with the host still able to work and nothing left behind."""
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+from escape_support import parse_results, wait_until_empty, wait_until_gone
+
+MiB = 1 << 20
+
+
+def test_fork_bomb_is_contained(box, marker, tmp_path):
+    """Forks until refused, then waits for the timeout. The bomb bounds itself at 600 processes:
+    where the default of 512 is an RLIMIT_NPROC and sqbox runs as host root, the kernel does not
+    apply it."""
+    bound = 600
+    record = tmp_path / "r.json"
+    start = time.monotonic()
+    result = box.py("""
+        import time
+        forked, error = 0, None
+        try:
+            while forked < int(sys.argv[2]):
+                if os.fork() == 0:
+                    time.sleep(60)
+                    os._exit(0)
+                forked += 1
+        except OSError as e:
+            error = ename(e.errno)
+        finish(forked=forked, error=error, pidns=os.readlink("/proc/self/ns/pid"))
+        time.sleep(60)
+    """, bound, options=["--timeout", "4", "--json", str(record)], timeout=60)
+    elapsed = time.monotonic() - start
+    res = parse_results(result.stdout)
+    assert result.returncode == 124, result
+    assert elapsed < 30
+    assert res is not None, result
+    pids = json.loads(record.read_text())["limits"]["pids"]
+    assert pids["value"] == 512, pids
+    if pids["enforced_by"] == "rlimit" and os.geteuid() == 0:
+        assert res["forked"] <= bound, res
+    else:
+        assert res["error"] == "EAGAIN" and res["forked"] < 512, res
+    assert wait_until_gone(marker, 10) == []
+    assert wait_until_empty(res["pidns"], 10) == []
+    assert subprocess.run(["true"], timeout=10).returncode == 0  # the host can still fork
+
+
+def test_memory_bomb_fails_at_the_limit(box, tmp_path):
+    """Allocating (and writing) 16 MiB at a time under --memory 256M: MemoryError (an address
+    space limit), or the payload is killed and the record says oom_killed (a cgroup limit)."""
+    record = tmp_path / "r.json"
+    result = box.py("""
+        chunks = []
+        try:
+            while len(chunks) < 128:  # 2 GiB at most
+                chunks.append(bytearray(16 << 20))  # written, so really allocated
+        except MemoryError:
+            finish(chunks=len(chunks))
+            raise SystemExit(3)
+        finish(chunks=len(chunks))
+    """, options=["--memory", "256M", "--json", str(record)])
+    res = parse_results(result.stdout)
+    if result.returncode == 3:
+        assert 1 <= res["chunks"] <= 16, res
+    else:
+        assert result.returncode == 128 + 9, result
+        assert json.loads(record.read_text())["oom_killed"] is True
+
+
+def _memory_available():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def test_default_memory_limit_stops_a_bomb(box, tmp_path):
+    """Without --memory the documented default (4 GiB) holds. As an address-space limit:
+    reserving 256 MiB at a time fails with ENOMEM before 4 GiB (nothing is touched). As a
+    cgroup limit: writing 256 MiB at a time ends in an OOM kill before 4.5 GiB."""
+    record = tmp_path / "r.json"
+    probe = box.sh("true", options=["--json", str(record)])
+    assert probe.returncode == 0, probe.stderr
+    memory = json.loads(record.read_text())["limits"]["memory"]
+    assert memory["value"] == 4 << 30, memory
+    if memory["enforced_by"] == "rlimit":
+        result, res = box.py_results("""
+            import mmap
+            maps = []
+            try:
+                while len(maps) < 64:  # 16 GiB at most
+                    maps.append(mmap.mmap(-1, 256 << 20))
+            except OSError as e:
+                finish(maps=len(maps), error=ename(e.errno))
+            else:
+                finish(maps=len(maps), error=None)
+        """)
+        assert res["error"] == "ENOMEM", res
+        assert res["maps"] < 16, res
+        return
+    assert memory["enforced_by"].startswith("cgroup"), memory
+    if _memory_available() < 6 << 30:
+        pytest.skip("the host has less than 6 GiB of available memory: the 4 GiB default cannot "
+                    "be exercised without starving it")
+    result = box.py("""
+        import mmap
+        chunks = []
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE  # faulted in at once
+        while len(chunks) < 18:  # 4.5 GiB at most
+            chunks.append(mmap.mmap(-1, 256 << 20, flags=flags))
+            print(len(chunks), flush=True)
+    """, options=["--json", str(record)], timeout=120)
+    data = json.loads(record.read_text())
+    assert result.returncode == 128 + 9 and data["oom_killed"] is True, (result, data)
+    assert int(result.stdout.split()[-1]) < 17, result.stdout
+
+
+def test_default_limits_are_applied_and_recorded(box, tmp_path):
+    record = tmp_path / "r.json"
+    result, res = box.py_results("""
+        limits = {}
+        for line in open("/proc/self/limits").readlines()[1:]:
+            name, soft, hard = line[:26].strip(), line[26:47].strip(), line[47:68].strip()
+            limits[name] = [soft, hard]
+        finish(limits=limits)
+    """, options=["--json", str(record)])
+    limits = res["limits"]
+    data = json.loads(record.read_text())
+    defaults = {"pids": (512, "Max processes"), "memory": (4 << 30, "Max address space"),
+                "open_files": (4096, "Max open files"), "file_size": (1 << 30, "Max file size")}
+    for name, (value, rlimit_name) in defaults.items():
+        entry = data["limits"][name]
+        assert entry["value"] == value and type(entry["value"]) is int, (name, entry)
+        if entry["enforced_by"] == "rlimit":
+            assert limits[rlimit_name] == [str(value)] * 2, (name, limits)
+        else:
+            assert entry["enforced_by"].startswith("cgroup"), (name, entry)
+    assert limits["Max core file size"] == ["0", "0"], limits
+    assert data["oom_killed"] is False, data
+
+
+def _free_bytes(path):
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def test_disk_fill_stops_at_the_tmpfs_cap(box, marker):
+    """/tmp, the overlay root's upper layer and /dev/shm each fill to their cap (32 MiB here) and
+    end with ENOSPC; the host's disk does not pay for it."""
+    watched = ["/", "/tmp", "/dev/shm"]
+    before = {path: _free_bytes(path) for path in watched}
+    result, res = box.py_results("""
+        block = b"x" * (1 << 20)
+        for area, path in (("tmp", "/tmp/fill"), ("root", "/fill"), ("shm", "/dev/shm/fill")):
+            written = 0
+            try:
+                with open(path, "wb") as f:
+                    while written < (256 << 20):
+                        written += f.write(block)
+                        f.flush()
+            except OSError as e:
+                RESULTS[area] = [ename(e.errno), written]
+            else:
+                RESULTS[area] = ["no limit", written]
+            os.unlink(path)
+        finish()
+    """, options=["--tmpfs-size", "32M"])
+    for area in ("tmp", "root", "shm"):
+        error, written = res[area]
+        assert error == "ENOSPC", (area, res)
+        assert written <= 32 * MiB, (area, res)
+    for path in watched:
+        # the three fills total 96 MiB; allow for unrelated activity on the host
+        assert before[path] - _free_bytes(path) < 48 * MiB, path
+    assert not os.path.exists(f"/tmp/{marker}")
+
+
+def test_output_flood_is_capped(box, tmp_path):
+    record = tmp_path / "r.json"
+    limit = 65536
+    start = time.monotonic()
+    result = box.py("""
+        chunk = b"y" * 65536
+        for _ in range(256):  # 16 MiB to each stream
+            os.write(1, chunk)
+            os.write(2, chunk)
+        raise SystemExit(0)
+    """, options=["--output-limit", str(limit), "--json", str(record)], text=False)
+    elapsed = time.monotonic() - start
+    assert result.returncode == 0, result.stderr[-300:]
+    out, err = result.stdout, result.stderr
+    assert len(out) <= limit, f"{len(out)} bytes of stdout passed through"
+    assert out == b"y" * len(out), out[:200]
+    # sqbox may add one line of its own (a note on the truncation) to stderr
+    payload_err = err.split(b"sqbox:")[0]
+    assert len(payload_err) <= limit, f"{len(payload_err)} bytes of stderr passed through"
+    assert err.count(b"\n") <= 1, err[-300:]
+    assert elapsed < 20
+    data = json.loads(record.read_text())
+    assert data["truncated"] is True and data["stdout_truncated"] is True, data
+    assert data["stderr_truncated"] is True, data
+
+    small = box.py("print('short')", options=["--output-limit", str(limit), "--json",
+                                              str(record)])
+    assert small.stdout == "short\n"
+    data = json.loads(record.read_text())
+    assert data["truncated"] is False and data["stdout_truncated"] is False, data
