@@ -25,12 +25,12 @@ struct BindMount {
 // they keep a 2-core, 24 GiB machine responsive); nullopt means unlimited. Memory, processes
 // and CPU share go to a cgroup when sqbox has one (see cgroup_parent), otherwise to rlimits.
 struct ResourceLimits {
-    std::optional<uint64_t> memory_bytes = 4 * kGiB;         // --memory
-    std::optional<uint64_t> processes = 512;                 // --pids
-    std::optional<uint64_t> cpu_seconds;                     // --cpu-time (RLIMIT_CPU)
-    std::optional<uint64_t> file_size_bytes = 1 * kGiB;      // --fsize (RLIMIT_FSIZE)
-    std::optional<uint64_t> open_files = 4096;               // --nofile (RLIMIT_NOFILE)
-    std::optional<double> cpus;                              // --cpus (cgroup cpu.max only)
+    std::optional<uint64_t> memory_bytes = 4 * kGiB;     // --memory
+    std::optional<uint64_t> processes = 512;             // --pids
+    std::optional<uint64_t> cpu_seconds;                 // --cpu-time (RLIMIT_CPU)
+    std::optional<uint64_t> file_size_bytes = 1 * kGiB;  // --fsize (RLIMIT_FSIZE)
+    std::optional<uint64_t> open_files = 4096;           // --nofile (RLIMIT_NOFILE)
+    std::optional<double> cpus;                          // --cpus (cgroup cpu.max only)
 };
 
 struct SandboxConfig {
@@ -58,6 +58,8 @@ struct SandboxConfig {
 
     // Cap on the bytes of stdout and of stderr that reach the caller; the rest is discarded.
     std::optional<uint64_t> output_limit_bytes;
+    // Give the payload a terminal of the sandbox's own (the caller's stdin must be a terminal).
+    bool tty = false;
 
     // Identity of the caller outside, mapped into the sandbox's user namespace.
     uid_t outside_uid = 0;

@@ -10,9 +10,9 @@ namespace sqbox {
 
 // One resource limit of the run and what enforced it.
 struct AppliedLimit {
-    std::string name;                // "memory", "pids", "cpu_time", "file_size", "open_files", "cpus"
-    std::optional<double> value;     // bytes, processes, seconds, CPUs; nullopt = unlimited
-    std::string enforced_by;         // "cgroup-v2", "cgroup-v1", "rlimit", or "none"
+    std::string name;             // "memory", "pids", "cpu_time", "file_size", "open_files", "cpus"
+    std::optional<double> value;  // bytes, processes, seconds, CPUs; nullopt = unlimited
+    std::string enforced_by;      // "cgroup-v2", "cgroup-v1", "rlimit", or "none"
 };
 
 struct RunResult {
@@ -21,16 +21,16 @@ struct RunResult {
     std::optional<int> signal;             // set when the payload was killed by a signal
     bool timed_out = false;
     bool payload_started = false;
-    double wall_ms = 0;           // wall-clock time of the payload
-    double cpu_ms = 0;            // user + system CPU time of the payload and its reaped children
-    uint64_t peak_rss_bytes = 0;  // largest resident set of the payload or any reaped descendant
-    bool oom_killed = false;      // the kernel's OOM killer hit the sandbox's memory limit
+    double wall_ms = 0;             // wall-clock time of the payload
+    double cpu_ms = 0;              // user + system CPU time of the payload and its reaped children
+    uint64_t peak_rss_bytes = 0;    // largest resident set of the payload or any reaped descendant
+    bool oom_killed = false;        // the kernel's OOM killer hit the sandbox's memory limit
     bool stdout_truncated = false;  // --output-limit discarded part of stdout
     bool stderr_truncated = false;  // ... of stderr
     std::vector<AppliedLimit> limits;
-    std::string seccomp;          // profile in force ("default", "strict", a path, "none")
-    int landlock_abi = 0;         // Landlock ABI applied, 0 when not applied
-    std::string error;            // sqbox's own failure, empty when none
+    std::string seccomp;   // profile in force ("default", "strict", a path, "none")
+    int landlock_abi = 0;  // Landlock ABI applied, 0 when not applied
+    std::string error;     // sqbox's own failure, empty when none
 };
 
 }  // namespace sqbox

@@ -41,9 +41,8 @@ std::string result_to_json(const RunResult& result) {
     record["truncated"] = result.stdout_truncated || result.stderr_truncated;
     nlohmann::json limits = nlohmann::json::object();
     for (const auto& limit : result.limits) {
-        limits[limit.name] = {
-            {"value", json_number(limit.value)},
-            {"enforced_by", limit.enforced_by}};
+        limits[limit.name] = {{"value", json_number(limit.value)},
+                              {"enforced_by", limit.enforced_by}};
     }
     record["limits"] = limits;
     record["seccomp"] = result.seccomp;

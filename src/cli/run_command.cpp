@@ -106,6 +106,8 @@ CLI::App* add_run_subcommand(CLI::App& app, RunArguments& args) {
                     "cap on the bytes of stdout and of stderr passed on (the rest is discarded)")
         ->type_name("BYTES");
     run->add_option("--json", args.json, "write a JSON result record to FILE")->type_name("FILE");
+    run->add_flag("-t,--tty", args.tty,
+                  "give the payload a terminal of its own (stdin must be a terminal)");
     run->add_flag("-v,--verbose", args.verbose, "report setup details on stderr");
     run->footer(
         "Everything after IMAGE (or after --) is the command, even words that look like "
@@ -175,6 +177,7 @@ RunOptions build_run_options(const RunArguments& args) {
     config.map_root = args.map_root;
     config.read_only_root = args.read_only;
     config.verbose = args.verbose;
+    config.tty = args.tty;
     if (!args.tmpfs_size.empty()) {
         config.tmpfs_size_bytes = parse_size(args.tmpfs_size, "--tmpfs-size");
     }

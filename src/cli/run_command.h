@@ -28,6 +28,7 @@ struct RunArguments {
     bool map_root = false;
     bool read_only = false;
     bool verbose = false;
+    bool tty = false;
     std::string tmpfs_size;
     std::string timeout;
     std::string cpu_time;

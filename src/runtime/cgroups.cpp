@@ -6,11 +6,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <csignal>
-#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -41,7 +41,8 @@ std::vector<MountEntry> read_mounts() {
         std::istringstream fields(line);
         std::string id, parent, dev, root, point, options, word;
         fields >> id >> parent >> dev >> root >> point >> options;
-        while (fields >> word && word != "-") {}
+        while (fields >> word && word != "-") {
+        }
         MountEntry entry;
         entry.point = point;
         fields >> entry.fstype >> word >> entry.super_options;
@@ -61,9 +62,9 @@ std::optional<std::string> own_cgroup_path(const std::string& controller) {
         if (first == std::string::npos || second == std::string::npos) continue;
         std::string controllers = line.substr(first + 1, second - first - 1);
         std::string path = line.substr(second + 1);
-        if (controller.empty() ? controllers.empty()
-                               : ("," + controllers + ",").find("," + controller + ",") !=
-                                     std::string::npos) {
+        if (controller.empty()
+                ? controllers.empty()
+                : ("," + controllers + ",").find("," + controller + ",") != std::string::npos) {
             return path;
         }
     }
@@ -157,8 +158,8 @@ std::optional<SandboxCgroup> SandboxCgroup::create(const SandboxConfig& config) 
         if (!has_words(available, {"memory", "pids"}) ||
             (limits.cpus && !has_words(available, {"cpu"}))) {
             throw Error("cgroup " + v2_parent + " lacks the memory, pids" +
-                        std::string(limits.cpus ? " or cpu" : "") + " controller (has: " +
-                        (available.empty() ? "none" : available) + ")");
+                        std::string(limits.cpus ? " or cpu" : "") +
+                        " controller (has: " + (available.empty() ? "none" : available) + ")");
         }
         const std::string wanted = limits.cpus ? "+memory +pids +cpu" : "+memory +pids";
         if (!has_words(read_text(v2_parent + "/cgroup.subtree_control"), {"memory", "pids"}) ||
@@ -245,7 +246,9 @@ std::optional<SandboxCgroup> SandboxCgroup::create(const SandboxConfig& config) 
     return cgroup;
 }
 
-SandboxCgroup::~SandboxCgroup() { remove(); }
+SandboxCgroup::~SandboxCgroup() {
+    remove();
+}
 
 void SandboxCgroup::remove() noexcept {
     for (auto& directory : directories_) {

@@ -18,6 +18,7 @@
 #include "runtime/rootfs.h"
 #include "runtime/signals.h"
 #include "runtime/stage_report.h"
+#include "runtime/terminal.h"
 #include "util/errors.h"
 #include "util/files.h"
 
@@ -102,14 +103,22 @@ void run_init(const InitContext& context) {
     StageReport report;
     try {
         enter_sandbox_cgroup(plan.cgroup_join_fds);
+        SandboxPty terminal;
+        if (plan.tty_socket_fd >= 0) {
+            terminal = open_sandbox_pty();
+            send_fd(plan.tty_socket_fd, terminal.master.get());
+            terminal.master.reset();
+            (void)::close(plan.tty_socket_fd);
+        }
         Pipe exec_status = make_pipe("exec status");
         const auto started = Clock::now();
         pid_t payload = ::fork();
         if (payload < 0) throw system_error("cannot start the payload");
         if (payload == 0) {
             exec_status.read_end.reset();
-            exec_payload(plan, exec_status.write_end.get());
+            exec_payload(plan, exec_status.write_end.get(), terminal.slave.get());
         }
+        terminal.slave.reset();
         exec_status.write_end.reset();
         StageReport exec_failure;
         const bool exec_failed = receive_report(exec_status.read_end.get(), exec_failure);

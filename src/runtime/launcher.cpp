@@ -60,7 +60,8 @@ std::optional<double> as_number(const std::optional<uint64_t>& value) {
 
 // Which mechanism holds each limit. RLIMIT_NPROC counts per user, and the kernel exempts the
 // host's root user from it: a root caller without a cgroup has no process limit at all.
-std::vector<AppliedLimit> describe_limits(const ResourceLimits& limits, const SandboxCgroup* cgroup) {
+std::vector<AppliedLimit> describe_limits(const ResourceLimits& limits,
+                                          const SandboxCgroup* cgroup) {
     auto by = [&](bool in_cgroup, bool set, const char* fallback) -> std::string {
         if (!set) return "none";
         if (cgroup != nullptr && in_cgroup) return cgroup->mechanism();
@@ -75,7 +76,8 @@ std::vector<AppliedLimit> describe_limits(const ResourceLimits& limits, const Sa
          by(cgroup != nullptr && cgroup->limits_processes(), limits.processes.has_value(),
             root ? "none" : "rlimit")},
         {"cpus", limits.cpus, by(true, limits.cpus.has_value(), "none")},
-        {"cpu_time", as_number(limits.cpu_seconds), by(false, limits.cpu_seconds.has_value(), "rlimit")},
+        {"cpu_time", as_number(limits.cpu_seconds),
+         by(false, limits.cpu_seconds.has_value(), "rlimit")},
         {"file_size", as_number(limits.file_size_bytes),
          by(false, limits.file_size_bytes.has_value(), "rlimit")},
         {"open_files", as_number(limits.open_files),
@@ -146,6 +148,17 @@ class ScopedIgnoreSigpipe {
 // relayed output is drained. Returns the supervisor's wait status.
 int supervise(ChildProcess& supervisor, StdioRelay& relay) {
     sigset_t signals = pipeline_signals();
+    // SIGWINCH too (--tty), blocked only here: the children were started without it blocked.
+    sigset_t winch;
+    sigemptyset(&winch);
+    sigaddset(&winch, SIGWINCH);
+    sigaddset(&signals, SIGWINCH);
+    sigset_t previous;
+    if (::sigprocmask(SIG_BLOCK, &winch, &previous) != 0) throw system_error("sigprocmask");
+    struct RestoreMask {
+        sigset_t mask;
+        ~RestoreMask() { (void)::sigprocmask(SIG_SETMASK, &mask, nullptr); }
+    } restore{previous};
     UniqueFd signal_fd(::signalfd(-1, &signals, SFD_CLOEXEC));
     if (!signal_fd) throw system_error("signalfd");
     std::optional<int> status;
@@ -162,9 +175,10 @@ int supervise(ChildProcess& supervisor, StdioRelay& relay) {
         }
         if (fds[0].revents != 0) {
             signalfd_siginfo info{};
-            if (::read(signal_fd.get(), &info, sizeof info) == sizeof info &&
-                is_forwarded_signal(static_cast<int>(info.ssi_signo))) {
-                supervisor.send(static_cast<int>(info.ssi_signo));
+            if (::read(signal_fd.get(), &info, sizeof info) == sizeof info) {
+                const auto signal = static_cast<int>(info.ssi_signo);
+                if (is_forwarded_signal(signal)) supervisor.send(signal);
+                if (signal == SIGWINCH) relay.resize();
             }
             if (!status && (status = supervisor.try_reap())) relay.stop_input();
         }
@@ -185,7 +199,7 @@ RunResult run_sandbox(const SandboxConfig& config) {
         const SandboxCgroup* cgroup_ptr = cgroup ? &*cgroup : nullptr;
         SandboxPlan plan = make_plan(config, cgroup_ptr);
         Pipe report_pipe = make_pipe("supervisor report");
-        StdioRelay relay(config.output_limit_bytes);
+        StdioRelay relay(config.output_limit_bytes, config.tty);
         std::optional<ScopedIgnoreSigpipe> ignore_sigpipe;
         if (relay.active()) ignore_sigpipe.emplace();
 
@@ -195,6 +209,7 @@ RunResult run_sandbox(const SandboxConfig& config) {
         if (pid == 0) {
             report_pipe.read_end.reset();
             if (relay.active()) {
+                plan.tty_socket_fd = relay.child_tty_socket();
                 plan.diagnostics_fd = relay.install_in_child();
                 set_diagnostics_fd(plan.diagnostics_fd);
             }
@@ -217,8 +232,9 @@ RunResult run_sandbox(const SandboxConfig& config) {
         result.landlock_abi = plan.landlock_abi;
         if (cgroup && cgroup->oom_killed()) {
             result.oom_killed = true;
-            print_error("out of memory: the sandbox reached its memory limit and the kernel "
-                        "killed a process in it");
+            print_error(
+                "out of memory: the sandbox reached its memory limit and the kernel "
+                "killed a process in it");
         }
     } catch (const Error& e) {
         print_error(e.what());

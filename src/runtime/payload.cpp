@@ -15,6 +15,7 @@
 #include "runtime/capabilities.h"
 #include "runtime/limits.h"
 #include "runtime/stage_report.h"
+#include "runtime/terminal.h"
 #include "security/landlock.h"
 #include "security/seccomp_filter.h"
 #include "util/errors.h"
@@ -80,11 +81,12 @@ EnvironmentEntries build_payload_environment(const SandboxConfig& config,
     return env;
 }
 
-void exec_payload(const SandboxPlan& plan, int status_fd) {
+void exec_payload(const SandboxPlan& plan, int status_fd, int terminal_fd) {
     const SandboxConfig& config = *plan.config;
     try {
         reset_signals();
         if (::setsid() < 0) throw system_error("setsid");
+        if (terminal_fd >= 0) adopt_terminal(terminal_fd);  // its fd itself closes at exec
 
         EnvironmentEntries env = build_payload_environment(config, read_image_environment());
         if (::clearenv() != 0) throw Error("cannot clear the environment");

@@ -16,9 +16,10 @@ EnvironmentEntries build_payload_environment(const SandboxConfig& config,
 
 // Runs in the child forked by init, inside the final root. Resets signals, starts a new session
 // (no controlling terminal), builds the environment, enters the working directory, applies
-// limits, drops every privilege, applies Landlock and seccomp (last) and executes the command. On any failure it prints one line,
-// sends a StageReport on `status_fd` (close-on-exec, so silence means the exec succeeded) and
-// exits with 125, 126 or 127.
-[[noreturn]] void exec_payload(const SandboxPlan& plan, int status_fd);
+// limits, drops every privilege, applies Landlock and seccomp (last) and executes the command. On
+// any failure it prints one line, sends a StageReport on `status_fd` (close-on-exec, so silence
+// means the exec succeeded) and exits with 125, 126 or 127. `terminal_fd` (--tty) becomes the
+// controlling terminal and fds 0-2; -1 keeps stdio as it is.
+[[noreturn]] void exec_payload(const SandboxPlan& plan, int status_fd, int terminal_fd);
 
 }  // namespace sqbox

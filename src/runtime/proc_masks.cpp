@@ -16,9 +16,9 @@ namespace {
 // Kernel memory and symbols, keys, timers and scheduler internals of the whole machine, the
 // host's modules and hardware map.
 constexpr const char* kHiddenFiles[] = {
-    "kcore",       "kallsyms",    "keys",       "key-users", "timer_list", "timer_stats",
-    "sched_debug", "latency_stats", "kmsg",     "modules",   "vmallocinfo", "iomem",
-    "ioports",     "kpagecount",  "kpageflags", "kpagecgroup", "slabinfo", "config.gz",
+    "kcore",       "kallsyms",      "keys",       "key-users",   "timer_list",  "timer_stats",
+    "sched_debug", "latency_stats", "kmsg",       "modules",     "vmallocinfo", "iomem",
+    "ioports",     "kpagecount",    "kpageflags", "kpagecgroup", "slabinfo",    "config.gz",
 };
 // Host hardware and drivers.
 constexpr const char* kHiddenDirectories[] = {"acpi", "asound", "scsi", "driver", "dynamic_debug"};
@@ -63,10 +63,10 @@ void mask_proc(int root_fd, bool payload_is_host_root) {
         UniqueFd target = open_entry(proc.get(), name, info);
         if (!target) continue;
         UniqueFd copy = clone_mount_tree(proc.get(), name, true, std::string("/proc/") + name);
-        set_mount_attributes(copy.get(),
-                             MountAttr::kReadOnly | MountAttr::kNoSuid | MountAttr::kNoDev |
-                                 MountAttr::kNoExec,
-                             0, true, std::string("/proc/") + name + " read-only");
+        set_mount_attributes(
+            copy.get(),
+            MountAttr::kReadOnly | MountAttr::kNoSuid | MountAttr::kNoDev | MountAttr::kNoExec, 0,
+            true, std::string("/proc/") + name + " read-only");
         attach_mount(copy.get(), target.get(), std::string("/proc/") + name);
     }
 }

@@ -19,6 +19,7 @@ struct SandboxPlan {
     ResourceLimits rlimits;                // what the payload applies with setrlimit(2)
     std::vector<int> cgroup_join_fds;      // init moves itself into the sandbox's cgroup(s)
     int diagnostics_fd = -1;               // where sqbox's own messages go (stderr when -1)
+    int tty_socket_fd = -1;                // --tty: init sends the terminal's master here
 };
 
 }  // namespace sqbox

@@ -1,6 +1,7 @@
 #include "runtime/stdio_relay.h"
 
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,7 +17,21 @@ constexpr size_t kChunk = 64 * 1024;
 
 }  // namespace
 
-StdioRelay::StdioRelay(std::optional<uint64_t> output_limit) {
+StdioRelay::StdioRelay(std::optional<uint64_t> output_limit, bool tty) : tty_(tty) {
+    if (tty) {
+        if (::isatty(STDIN_FILENO) != 1) throw Error("--tty: stdin is not a terminal");
+        int pair[2];
+        if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) {
+            throw system_error("--tty: socketpair");
+        }
+        tty_socket_.reset(pair[0]);
+        tty_socket_child_.reset(pair[1]);
+        // The terminal carries both output streams; stdout's limit and flag stand for it.
+        streams_[0].open = true;
+        streams_[1].open = true;
+        streams_[1].limit = output_limit;
+        return;
+    }
     for (int fd = 0; fd < 3; ++fd) {
         Stream& stream = streams_[fd];
         const bool output = fd != STDIN_FILENO;
@@ -36,10 +51,12 @@ StdioRelay::StdioRelay(std::optional<uint64_t> output_limit) {
 }
 
 bool StdioRelay::active() const {
+    if (tty_) return true;
     return std::any_of(streams_.begin(), streams_.end(), [](const Stream& s) { return s.relayed; });
 }
 
 int StdioRelay::install_in_child() {
+    tty_socket_.reset();
     int diagnostics = -1;
     if (streams_[2].relayed) {
         diagnostics = ::fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 3);
@@ -56,9 +73,31 @@ int StdioRelay::install_in_child() {
 
 void StdioRelay::close_child_ends() {
     for (auto& stream : streams_) stream.sandbox_end.reset();
+    tty_socket_child_.reset();
+}
+
+void StdioRelay::attach_terminal() {
+    master_ = receive_fd(tty_socket_.get());
+    tty_socket_.reset();
+    if (!master_) {  // the sandbox ended before its terminal existed
+        streams_[0].open = streams_[1].open = false;
+        return;
+    }
+    streams_[1].our_end.reset(::dup(master_.get()));  // read side, polled like an output pipe
+    if (!streams_[1].our_end) throw system_error("--tty: dup");
+    copy_window_size(STDIN_FILENO, master_.get());
+    raw_terminal_.emplace(STDIN_FILENO);
+}
+
+void StdioRelay::resize() {
+    if (master_) copy_window_size(STDIN_FILENO, master_.get());
 }
 
 void StdioRelay::add_to_poll(std::vector<pollfd>& fds) const {
+    if (tty_socket_) {
+        fds.push_back({tty_socket_.get(), POLLIN, 0});
+        return;
+    }
     for (int fd = 0; fd < 3; ++fd) {
         const Stream& stream = streams_[fd];
         if (!stream.open) continue;
@@ -73,6 +112,10 @@ void StdioRelay::add_to_poll(std::vector<pollfd>& fds) const {
 void StdioRelay::handle_poll(const std::vector<pollfd>& fds) {
     for (const pollfd& entry : fds) {
         if (entry.revents == 0) continue;
+        if (tty_socket_ && entry.fd == tty_socket_.get()) {
+            attach_terminal();
+            return;
+        }
         if (entry.fd == STDIN_FILENO && streams_[0].open) {
             copy_input();
             continue;
@@ -88,7 +131,7 @@ void StdioRelay::copy_output(int fd_number) {
     char buffer[kChunk];
     ssize_t n = ::read(stream.our_end.get(), buffer, sizeof buffer);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
-    if (n <= 0) {
+    if (n <= 0) {  // EOF, or EIO from a terminal master once no process holds the other side
         stream.open = false;
         stream.our_end.reset();
         return;
@@ -110,7 +153,8 @@ void StdioRelay::copy_input() {
     ssize_t n = ::read(STDIN_FILENO, buffer, sizeof buffer);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
     // EOF from the caller, or the payload closed its end (EPIPE): stop relaying input.
-    if (n <= 0 || !write_all(stream.our_end.get(), buffer, static_cast<size_t>(n))) {
+    const int to = tty_ ? master_.get() : stream.our_end.get();
+    if (n <= 0 || !write_all(to, buffer, static_cast<size_t>(n))) {
         stream.open = false;
         stream.our_end.reset();
     }

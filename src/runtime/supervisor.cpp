@@ -65,7 +65,9 @@ void run_supervisor(const SupervisorContext& context) {
         if (::setpgid(0, 0) != 0) throw system_error("setpgid");
         std::vector<int> keep = plan.cgroup_join_fds;
         keep.insert(keep.end(), {image.file.get(), context.report_fd});
-        if (plan.diagnostics_fd >= 0) keep.push_back(plan.diagnostics_fd);
+        for (int fd : {plan.diagnostics_fd, plan.tty_socket_fd}) {
+            if (fd >= 0) keep.push_back(fd);
+        }
         close_other_fds(keep);
 
         const IdMapping ids{config.map_root ? 0 : config.outside_uid,

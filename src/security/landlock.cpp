@@ -17,9 +17,9 @@ namespace {
 constexpr uint64_t kFsMakeChar = 1ULL << 6;
 constexpr uint64_t kFsMakeBlock = 1ULL << 11;
 constexpr uint64_t kFsMakeSym = 1ULL << 12;
-constexpr uint64_t kFsRefer = 1ULL << 13;     // ABI 2
-constexpr uint64_t kFsTruncate = 1ULL << 14;  // ABI 3
-constexpr uint64_t kFsIoctlDev = 1ULL << 15;  // ABI 5
+constexpr uint64_t kFsRefer = 1ULL << 13;                 // ABI 2
+constexpr uint64_t kFsTruncate = 1ULL << 14;              // ABI 3
+constexpr uint64_t kFsIoctlDev = 1ULL << 15;              // ABI 5
 constexpr uint64_t kScopeAbstractUnixSocket = 1ULL << 0;  // ABI 6
 constexpr uint64_t kScopeSignal = 1ULL << 1;              // ABI 6
 constexpr uint32_t kCreateRulesetVersion = 1U << 0;
@@ -60,8 +60,8 @@ void apply_landlock(int abi) {
     // outside the payload's own processes should be reachable at all.
     if (abi >= 6) ruleset.scoped = kScopeAbstractUnixSocket | kScopeSignal;
     const size_t size = abi >= 6 ? sizeof ruleset : sizeof ruleset.handled_access_fs;
-    UniqueFd ruleset_fd(static_cast<int>(
-        ::syscall(SYS_landlock_create_ruleset, &ruleset, size, 0U)));
+    UniqueFd ruleset_fd(
+        static_cast<int>(::syscall(SYS_landlock_create_ruleset, &ruleset, size, 0U)));
     if (!ruleset_fd) throw system_error("cannot create the landlock ruleset");
 
     UniqueFd root(::open("/", O_PATH | O_CLOEXEC | O_DIRECTORY));

@@ -24,15 +24,24 @@ using FilterContext = std::unique_ptr<void, decltype(&::seccomp_release)>;
 // Docker's profiles name architectures in "includes"/"excludes" the way Go does.
 std::string go_architecture_name(uint32_t arch) {
     switch (arch) {
-        case SCMP_ARCH_X86_64: return "amd64";
-        case SCMP_ARCH_X86: return "x86";
-        case SCMP_ARCH_X32: return "x32";
-        case SCMP_ARCH_AARCH64: return "arm64";
-        case SCMP_ARCH_ARM: return "arm";
-        case SCMP_ARCH_PPC64LE: return "ppc64le";
-        case SCMP_ARCH_S390X: return "s390x";
-        case SCMP_ARCH_RISCV64: return "riscv64";
-        default: return "unknown";
+        case SCMP_ARCH_X86_64:
+            return "amd64";
+        case SCMP_ARCH_X86:
+            return "x86";
+        case SCMP_ARCH_X32:
+            return "x32";
+        case SCMP_ARCH_AARCH64:
+            return "arm64";
+        case SCMP_ARCH_ARM:
+            return "arm";
+        case SCMP_ARCH_PPC64LE:
+            return "ppc64le";
+        case SCMP_ARCH_S390X:
+            return "s390x";
+        case SCMP_ARCH_RISCV64:
+            return "riscv64";
+        default:
+            return "unknown";
     }
 }
 
@@ -123,7 +132,8 @@ SeccompTarget sandbox_seccomp_target() {
 SeccompFilter compile_seccomp_filter(const SeccompProfile& profile, const SeccompTarget& target) {
     const uint32_t default_action = profile.default_action.libseccomp_action;
     FilterContext context(::seccomp_init(default_action), ::seccomp_release);
-    if (!context) throw SeccompProfileError(profile.origin + ": libseccomp refused the default action");
+    if (!context)
+        throw SeccompProfileError(profile.origin + ": libseccomp refused the default action");
     // A call from an architecture the profile does not cover fails like an unknown call: the
     // payload gets ENOSYS instead of being killed without a word.
     if (::seccomp_attr_set(context.get(), SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_ERRNO(ENOSYS)) != 0 ||
@@ -173,7 +183,8 @@ SeccompFilter compile_seccomp_filter(const SeccompProfile& profile, const Seccom
     filter.program = export_program(context.get());
     for (const auto& flag : profile.flags) {
         if (flag == "SECCOMP_FILTER_FLAG_LOG") filter.flags |= SECCOMP_FILTER_FLAG_LOG;
-        if (flag == "SECCOMP_FILTER_FLAG_SPEC_ALLOW") filter.flags |= SECCOMP_FILTER_FLAG_SPEC_ALLOW;
+        if (flag == "SECCOMP_FILTER_FLAG_SPEC_ALLOW")
+            filter.flags |= SECCOMP_FILTER_FLAG_SPEC_ALLOW;
     }
     return filter;
 }

@@ -29,8 +29,8 @@ struct UnknownSyscall {
 
 struct SeccompFilter {
     std::vector<sock_filter> program;
-    unsigned flags = 0;          // SECCOMP_FILTER_FLAG_* for seccomp(2)
-    size_t rules_applied = 0;    // (syscall, condition set) pairs that made it into the filter
+    unsigned flags = 0;        // SECCOMP_FILTER_FLAG_* for seccomp(2)
+    size_t rules_applied = 0;  // (syscall, condition set) pairs that made it into the filter
     std::vector<UnknownSyscall> unknown_syscalls;  // names libseccomp does not know (skipped)
 };
 

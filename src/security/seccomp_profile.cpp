@@ -107,9 +107,9 @@ class ProfileReader {
         const std::string& name = action.name;
         const bool takes_errno = name == "SCMP_ACT_ERRNO" || name == "SCMP_ACT_TRACE";
         if (errno_value && !takes_errno) {
-            fail(pointer + "/" + errno_key,
-                 prefix(pointer) + errno_key + " is only valid with SCMP_ACT_ERRNO or " +
-                     "SCMP_ACT_TRACE");
+            fail(pointer + "/" + errno_key, prefix(pointer) + errno_key +
+                                                " is only valid with SCMP_ACT_ERRNO or " +
+                                                "SCMP_ACT_TRACE");
         }
         if (name == "SCMP_ACT_ALLOW") {
             action.libseccomp_action = SCMP_ACT_ALLOW;
@@ -161,8 +161,8 @@ class ProfileReader {
             unsigned major = 0;
             unsigned minor = 0;
             if (std::sscanf(version.c_str(), "%u.%u", &major, &minor) != 2) {
-                fail(kernel_pointer, where(kernel_pointer) + ": expected MAJOR.MINOR, got '" +
-                                         version + "'");
+                fail(kernel_pointer,
+                     where(kernel_pointer) + ": expected MAJOR.MINOR, got '" + version + "'");
             }
             filter.min_kernel = version;
         }
@@ -176,28 +176,33 @@ class ProfileReader {
         uint64_t index = unsigned_at(value.at("index"), pointer + "/index");
         if (index > 5) fail(pointer + "/index", where(pointer) + ": index must be 0 to 5");
         condition.index = static_cast<unsigned>(index);
-        if (value.contains("value")) condition.value = unsigned_at(value.at("value"), pointer + "/value");
+        if (value.contains("value"))
+            condition.value = unsigned_at(value.at("value"), pointer + "/value");
         if (value.contains("valueTwo")) {
             condition.value_two = unsigned_at(value.at("valueTwo"), pointer + "/valueTwo");
         }
         if (!value.contains("op")) fail(pointer, where(pointer) + ": missing op");
         static const std::unordered_map<std::string, int> kOps = {
-            {"SCMP_CMP_NE", SCMP_CMP_NE},         {"SCMP_CMP_LT", SCMP_CMP_LT},
-            {"SCMP_CMP_LE", SCMP_CMP_LE},         {"SCMP_CMP_EQ", SCMP_CMP_EQ},
-            {"SCMP_CMP_GE", SCMP_CMP_GE},         {"SCMP_CMP_GT", SCMP_CMP_GT},
+            {"SCMP_CMP_NE", SCMP_CMP_NE},
+            {"SCMP_CMP_LT", SCMP_CMP_LT},
+            {"SCMP_CMP_LE", SCMP_CMP_LE},
+            {"SCMP_CMP_EQ", SCMP_CMP_EQ},
+            {"SCMP_CMP_GE", SCMP_CMP_GE},
+            {"SCMP_CMP_GT", SCMP_CMP_GT},
             {"SCMP_CMP_MASKED_EQ", SCMP_CMP_MASKED_EQ},
         };
         std::string op = string_at(value.at("op"), pointer + "/op");
         auto found = kOps.find(op);
-        if (found == kOps.end()) fail(pointer + "/op", where(pointer) + ": unknown op '" + op + "'");
+        if (found == kOps.end())
+            fail(pointer + "/op", where(pointer) + ": unknown op '" + op + "'");
         condition.op = found->second;
         return condition;
     }
 
     SeccompRule rule_at(const json& value, const std::string& pointer) const {
-        only_fields(value, pointer,
-                    {"name", "names", "action", "errnoRet", "args", "comment", "includes",
-                     "excludes"});
+        only_fields(
+            value, pointer,
+            {"name", "names", "action", "errnoRet", "args", "comment", "includes", "excludes"});
         SeccompRule rule;
         rule.line = line_of(pointer);
         if (value.contains("name") && !value.at("name").is_null()) {
@@ -213,7 +218,8 @@ class ProfileReader {
         rule.action = action_at(value, "action", "errnoRet", pointer);
         if (value.contains("args") && !value.at("args").is_null()) {
             const json& args = value.at("args");
-            if (!args.is_array()) fail(pointer + "/args", where(pointer) + ".args: expected a list");
+            if (!args.is_array())
+                fail(pointer + "/args", where(pointer) + ".args: expected a list");
             for (size_t i = 0; i < args.size(); ++i) {
                 rule.args.push_back(condition_at(args[i], pointer + "/args/" + std::to_string(i)));
             }
@@ -240,7 +246,8 @@ class ProfileReader {
         }
         if (document.contains("architectures")) {
             const json& list = document.at("architectures");
-            if (!list.is_null() && !list.is_array()) fail("/architectures", "architectures: expected a list");
+            if (!list.is_null() && !list.is_array())
+                fail("/architectures", "architectures: expected a list");
             for (size_t i = 0; !list.is_null() && i < list.size(); ++i) {
                 profile.architectures.push_back(
                     architecture_at(list[i], "/architectures/" + std::to_string(i)));
@@ -258,9 +265,12 @@ class ProfileReader {
                 }
                 mapping.architecture =
                     architecture_at(map[i].at("architecture"), pointer + "/architecture");
-                if (map[i].contains("subArchitectures") && !map[i].at("subArchitectures").is_null()) {
+                if (map[i].contains("subArchitectures") &&
+                    !map[i].at("subArchitectures").is_null()) {
                     const json& subs = map[i].at("subArchitectures");
-                    if (!subs.is_array()) fail(pointer + "/subArchitectures", where(pointer) + ".subArchitectures: expected a list");
+                    if (!subs.is_array())
+                        fail(pointer + "/subArchitectures",
+                             where(pointer) + ".subArchitectures: expected a list");
                     for (size_t j = 0; j < subs.size(); ++j) {
                         mapping.sub_architectures.push_back(architecture_at(
                             subs[j], pointer + "/subArchitectures/" + std::to_string(j)));

@@ -26,8 +26,7 @@ void set_diagnostics_fd(int fd) {
 void print_error(const std::string& message) {
     std::string line = "sqbox: " + message + "\n";
     // Best effort: if stderr is gone there is nobody left to tell.
-    (void)!::write(diagnostics_fd >= 0 ? diagnostics_fd : STDERR_FILENO, line.data(),
-                   line.size());
+    (void)!::write(diagnostics_fd >= 0 ? diagnostics_fd : STDERR_FILENO, line.data(), line.size());
 }
 
 }  // namespace sqbox

@@ -82,8 +82,8 @@ class PositionScanner {
         } else if (c == '"') {
             (void)string_token();
         } else {
-            while (pos_ < text_.size() && std::string_view(",]} \t\r\n").find(text_[pos_]) ==
-                                              std::string_view::npos) {
+            while (pos_ < text_.size() &&
+                   std::string_view(",]} \t\r\n").find(text_[pos_]) == std::string_view::npos) {
                 ++pos_;
             }
         }
@@ -103,7 +103,8 @@ std::unordered_map<std::string, int> json_value_lines(std::string_view text) {
 
 int line_of_offset(std::string_view text, size_t offset) {
     offset = std::min(offset, text.size());
-    return 1 + static_cast<int>(std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(offset), '\n'));
+    return 1 + static_cast<int>(std::count(
+                   text.begin(), text.begin() + static_cast<std::ptrdiff_t>(offset), '\n'));
 }
 
 }  // namespace sqbox

@@ -67,3 +67,69 @@ def test_the_callers_terminal_is_relayed_not_handed_over(sqbox_bin, busybox_imag
         os.close(master)
         if slave >= 0:
             os.close(slave)
+
+
+def _run_on_a_terminal(argv, typed=b"", rows=33, columns=101, timeout=30):
+    """Runs argv with a fresh pty as its stdin/stdout/stderr (the caller's terminal); returns
+    (exit status, everything written to the terminal, bytes left unread in its input queue)."""
+    import fcntl
+    import struct
+    import termios
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+    process = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave,
+                               start_new_session=True)
+    if typed:
+        os.write(master, typed)
+    output = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                break
+            output += chunk
+        elif process.poll() is not None:
+            break
+    status = process.wait(timeout=timeout)
+    pending = struct.unpack("i", fcntl.ioctl(slave, termios.FIONREAD, b"\0\0\0\0"))[0]
+    os.close(master)
+    os.close(slave)
+    return status, output.decode(errors="replace"), pending
+
+
+def test_tty_gives_the_payload_a_terminal_of_its_own(sqbox_bin, busybox_image):
+    status, output, _ = _run_on_a_terminal(
+        [sqbox_bin, "run", "--tty", busybox_image, "--", "sh", "-c",
+         "tty; stty size; [ -t 0 ] && [ -t 1 ] && echo both-ttys; read line; eval \"$line\"; "
+         "exit 3"],
+        typed=b"echo typed-$((6*7))\n")
+    assert status == 3
+    lines = output.replace("\r", "").splitlines()
+    assert "/dev/pts/0" in lines  # the sandbox's own devpts, not the caller's pty
+    assert "33 101" in lines      # the caller's window size was passed on
+    assert "both-ttys" in lines
+    assert "typed-42" in lines
+
+
+def test_tty_injection_reaches_only_the_sandbox_terminal(sqbox_bin, python_image):
+    """Even without seccomp, TIOCSTI works only on the payload's own terminal: what it pushes is
+    read back by the payload, and nothing arrives in the caller's terminal."""
+    script = ("import fcntl, termios\n"
+              "for c in b'pushed\\n':\n"
+              "    fcntl.ioctl(0, termios.TIOCSTI, bytes([c]))\n"
+              "print('read back:', input())\n")
+    status, output, pending = _run_on_a_terminal(
+        [sqbox_bin, "run", "--tty", "--seccomp", "none", python_image, "--", "python3", "-c",
+         script])
+    assert status == 0, output
+    assert "read back: pushed" in output.replace("\r", "")
+    assert pending == 0
+
+
+def test_tty_needs_a_terminal(sqbox, busybox_image):
+    result = sqbox.run(busybox_image, "true", options=["--tty"], input="")
+    assert result.returncode == 125
+    assert result.stderr == "sqbox: --tty: stdin is not a terminal\n"

@@ -51,35 +51,68 @@ inline uint32_t evaluate_seccomp(std::span<const sock_filter> program, const Sys
             case BPF_LDX:
                 x = BPF_MODE(insn.code) == BPF_MEM ? memory.at(insn.k) : insn.k;
                 break;
-            case BPF_ST: memory.at(insn.k) = a; break;
-            case BPF_STX: memory.at(insn.k) = x; break;
+            case BPF_ST:
+                memory.at(insn.k) = a;
+                break;
+            case BPF_STX:
+                memory.at(insn.k) = x;
+                break;
             case BPF_ALU:
                 switch (BPF_OP(insn.code)) {
-                    case BPF_ADD: a += operand; break;
-                    case BPF_SUB: a -= operand; break;
-                    case BPF_AND: a &= operand; break;
-                    case BPF_OR: a |= operand; break;
-                    case BPF_XOR: a ^= operand; break;
-                    case BPF_LSH: a <<= operand; break;
-                    case BPF_RSH: a >>= operand; break;
-                    case BPF_NEG: a = -a; break;
-                    default: throw std::runtime_error("unsupported alu op");
+                    case BPF_ADD:
+                        a += operand;
+                        break;
+                    case BPF_SUB:
+                        a -= operand;
+                        break;
+                    case BPF_AND:
+                        a &= operand;
+                        break;
+                    case BPF_OR:
+                        a |= operand;
+                        break;
+                    case BPF_XOR:
+                        a ^= operand;
+                        break;
+                    case BPF_LSH:
+                        a <<= operand;
+                        break;
+                    case BPF_RSH:
+                        a >>= operand;
+                        break;
+                    case BPF_NEG:
+                        a = -a;
+                        break;
+                    default:
+                        throw std::runtime_error("unsupported alu op");
                 }
                 break;
             case BPF_JMP: {
                 bool taken = false;
                 switch (BPF_OP(insn.code)) {
-                    case BPF_JA: pc += insn.k; continue;
-                    case BPF_JEQ: taken = a == operand; break;
-                    case BPF_JGT: taken = a > operand; break;
-                    case BPF_JGE: taken = a >= operand; break;
-                    case BPF_JSET: taken = (a & operand) != 0; break;
-                    default: throw std::runtime_error("unsupported jump");
+                    case BPF_JA:
+                        pc += insn.k;
+                        continue;
+                    case BPF_JEQ:
+                        taken = a == operand;
+                        break;
+                    case BPF_JGT:
+                        taken = a > operand;
+                        break;
+                    case BPF_JGE:
+                        taken = a >= operand;
+                        break;
+                    case BPF_JSET:
+                        taken = (a & operand) != 0;
+                        break;
+                    default:
+                        throw std::runtime_error("unsupported jump");
                 }
                 pc += taken ? insn.jt : insn.jf;
                 break;
             }
-            case BPF_RET: return BPF_RVAL(insn.code) == BPF_A ? a : insn.k;
+            case BPF_RET:
+                return BPF_RVAL(insn.code) == BPF_A ? a : insn.k;
             case BPF_MISC:
                 if (BPF_MISCOP(insn.code) == BPF_TAX) {
                     x = a;
@@ -87,7 +120,8 @@ inline uint32_t evaluate_seccomp(std::span<const sock_filter> program, const Sys
                     a = x;
                 }
                 break;
-            default: throw std::runtime_error("unsupported instruction class");
+            default:
+                throw std::runtime_error("unsupported instruction class");
         }
     }
     throw std::runtime_error("program fell off its end");

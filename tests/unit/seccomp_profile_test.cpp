@@ -2,9 +2,9 @@
 // hostile payload would make (evaluated on the compiled BPF, in user space).
 #include <gtest/gtest.h>
 #include <linux/sched.h>
-#include <sys/syscall.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <csignal>
 
 #include <cerrno>
@@ -12,16 +12,16 @@
 #include <fstream>
 #include <sstream>
 
+#include "seccomp_bpf_eval.h"
 #include "security/builtin_profiles.h"
 #include "security/seccomp_filter.h"
 #include "security/seccomp_profile.h"
-#include "seccomp_bpf_eval.h"
 
 namespace sqbox {
 namespace {
 
-using testing::evaluate_seccomp;
 using testing::errno_result;
+using testing::evaluate_seccomp;
 using testing::SyscallCall;
 
 constexpr uint32_t kAllow = SECCOMP_RET_ALLOW;
@@ -37,11 +37,11 @@ std::string docker_profile_text() {
     return text.str();
 }
 
-#define REQUIRE_DOCKER_PROFILE(text)                                                          \
+#define REQUIRE_DOCKER_PROFILE(text)                                                         \
     const std::string text = docker_profile_text();                                          \
-    if (text.empty()) {                                                                       \
-        GTEST_SKIP() << "Docker's default seccomp profile not found: it is expected in "      \
-                        "../shared/testdata beside the checkout, or in $SQBOX_TESTDATA_DIR";  \
+    if (text.empty()) {                                                                      \
+        GTEST_SKIP() << "Docker's default seccomp profile not found: it is expected in "     \
+                        "../shared/testdata beside the checkout, or in $SQBOX_TESTDATA_DIR"; \
     }
 
 std::string error_of(const std::string& text) {
@@ -142,17 +142,37 @@ TEST(SeccompProfile, DefaultDeniesWhatHostileCodeUses) {
     EXPECT_EQ(answer(filter, SYS_clone3), errno_result(ENOSYS));
     EXPECT_EQ(answer(filter, SYS_clone, {CLONE_NEWUSER | SIGCHLD}), eperm);
     EXPECT_EQ(answer(filter, SYS_clone, {CLONE_NEWNET}), eperm);
-    EXPECT_EQ(answer(filter, SYS_clone, {CLONE_VM | CLONE_FS | CLONE_FILES | CLONE_SIGHAND |
-                                         CLONE_THREAD | CLONE_SYSVSEM | CLONE_SETTLS}),
+    EXPECT_EQ(answer(filter, SYS_clone,
+                     {CLONE_VM | CLONE_FS | CLONE_FILES | CLONE_SIGHAND | CLONE_THREAD |
+                      CLONE_SYSVSEM | CLONE_SETTLS}),
               kAllow);
     EXPECT_EQ(answer(filter, SYS_unshare, {CLONE_NEWUSER}), eperm);
     EXPECT_EQ(answer(filter, SYS_unshare, {0x80 /* CLONE_NEWTIME */}), eperm);
     EXPECT_EQ(answer(filter, SYS_unshare, {CLONE_FILES}), eperm);
-    for (int nr : {SYS_mount, SYS_umount2, SYS_pivot_root, SYS_fsopen, SYS_open_tree,
-                   SYS_move_mount, SYS_io_uring_setup, SYS_userfaultfd, SYS_bpf,
-                   SYS_perf_event_open, SYS_keyctl, SYS_add_key, SYS_request_key, SYS_kexec_load,
-                   SYS_init_module, SYS_finit_module, SYS_acct, SYS_swapon, SYS_reboot, SYS_syslog,
-                   SYS_clock_settime, SYS_settimeofday, SYS_open_by_handle_at, SYS_setns}) {
+    for (int nr : {SYS_mount,
+                   SYS_umount2,
+                   SYS_pivot_root,
+                   SYS_fsopen,
+                   SYS_open_tree,
+                   SYS_move_mount,
+                   SYS_io_uring_setup,
+                   SYS_userfaultfd,
+                   SYS_bpf,
+                   SYS_perf_event_open,
+                   SYS_keyctl,
+                   SYS_add_key,
+                   SYS_request_key,
+                   SYS_kexec_load,
+                   SYS_init_module,
+                   SYS_finit_module,
+                   SYS_acct,
+                   SYS_swapon,
+                   SYS_reboot,
+                   SYS_syslog,
+                   SYS_clock_settime,
+                   SYS_settimeofday,
+                   SYS_open_by_handle_at,
+                   SYS_setns}) {
         EXPECT_EQ(answer(filter, nr), eperm) << "syscall " << nr;
     }
     EXPECT_EQ(answer(filter, SYS_ioctl, {0, TIOCSTI}), eperm);
