@@ -182,8 +182,9 @@ RunOptions build_run_options(const RunArguments& args) {
         config.tmpfs_size_bytes = parse_size(args.tmpfs_size, "--tmpfs-size");
     }
     if (!args.timeout.empty()) config.timeout_seconds = parse_seconds(args.timeout, "--timeout");
-    if (!args.cpu_time.empty())
+    if (!args.cpu_time.empty()) {
         config.limits.cpu_seconds = parse_count(args.cpu_time, "--cpu-time");
+    }
     ResourceLimits& limits = config.limits;
     if (!args.memory.empty()) limits.memory_bytes = size_limit(args.memory, "--memory");
     if (!args.pids.empty()) limits.processes = count_limit(args.pids, "--pids");

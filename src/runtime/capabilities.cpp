@@ -28,8 +28,9 @@ void drop_all_privileges() {
     if (!empty || ::cap_set_proc(empty.get()) != 0) {
         throw system_error("cannot clear capabilities");
     }
-    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
         throw system_error("cannot set no_new_privs");
+    }
 }
 
 }  // namespace sqbox

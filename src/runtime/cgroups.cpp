@@ -101,7 +101,7 @@ std::string unique_name() {
     uint32_t random = 0;
     if (::getrandom(&random, sizeof random, 0) != sizeof random) random = 0;
     char name[64];
-    std::snprintf(name, sizeof name, "%s%d-%08x", kNamePrefix, static_cast<int>(::getpid()),
+    (void)std::snprintf(name, sizeof name, "%s%d-%08x", kNamePrefix, static_cast<int>(::getpid()),
                   random);
     return name;
 }

@@ -46,8 +46,9 @@ void fill_result(const StageReport& report, RunResult& result) {
     result.peak_rss_bytes = static_cast<uint64_t>(report.max_rss_kib) * 1024;
     result.error = report.error_message();
     if (report.payload_finished && result.payload_started && !result.timed_out) {
-        if (WIFEXITED(report.wait_status))
+        if (WIFEXITED(report.wait_status)) {
             result.payload_exit_code = WEXITSTATUS(report.wait_status);
+        }
         if (WIFSIGNALED(report.wait_status)) result.signal = WTERMSIG(report.wait_status);
     }
     if (result.timed_out) result.signal = SIGKILL;
@@ -118,7 +119,7 @@ SandboxPlan make_plan(const SandboxConfig& config, const SandboxCgroup* cgroup) 
         for (const auto& limit : describe_limits(config.limits, cgroup)) {
             if (limit.value) {
                 char value[32];
-                std::snprintf(value, sizeof value, "%.15g", *limit.value);
+                (void)std::snprintf(value, sizeof value, "%.15g", *limit.value);
                 print_error("limit " + limit.name + " = " + value + ": enforced by " +
                             limit.enforced_by);
             }

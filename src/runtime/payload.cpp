@@ -119,8 +119,9 @@ void exec_payload(const SandboxPlan& plan, int status_fd, int terminal_fd) {
     ::execvp(argv[0], argv.data());
 
     const int err = errno;
-    if (err == ENOENT)
+    if (err == ENOENT) {
         fail_stage(status_fd, kExitNotFound, config.command[0] + ": command not found");
+    }
     fail_stage(status_fd, kExitNotExecutable,
                config.command[0] + ": cannot execute: " + std::strerror(err));
 }

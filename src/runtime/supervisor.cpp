@@ -48,7 +48,7 @@ void close_other_fds(std::vector<int> keep) {
 
 std::string format_seconds(double seconds) {
     char buffer[32];
-    std::snprintf(buffer, sizeof buffer, "%g", seconds);
+    (void)std::snprintf(buffer, sizeof buffer, "%g", seconds);
     return buffer;
 }
 

@@ -48,8 +48,8 @@ void write_profile(std::ostream& out, const std::string& name, const std::string
     out << "constexpr sock_filter k_" << name << "_program[] = {\n";
     for (const auto& insn : filter.program) {
         char line[80];
-        std::snprintf(line, sizeof line, "    {0x%04x, %u, %u, 0x%08x},\n", insn.code, insn.jt,
-                      insn.jf, insn.k);
+        (void)std::snprintf(line, sizeof line, "    {0x%04x, %u, %u, 0x%08x},\n", insn.code,
+                            insn.jt, insn.jf, insn.k);
         out << line;
     }
     out << "};\n";

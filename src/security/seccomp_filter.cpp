@@ -97,6 +97,7 @@ std::vector<std::vector<scmp_arg_cmp>> condition_sets(const SeccompRule& rule) {
     }
     if (std::any_of(per_index.begin(), per_index.end(), [](int n) { return n > 1; })) {
         std::vector<std::vector<scmp_arg_cmp>> separate;
+        separate.reserve(all.size());
         for (const auto& cmp : all) separate.push_back({cmp});
         return separate;
     }
@@ -132,8 +133,9 @@ SeccompTarget sandbox_seccomp_target() {
 SeccompFilter compile_seccomp_filter(const SeccompProfile& profile, const SeccompTarget& target) {
     const uint32_t default_action = profile.default_action.libseccomp_action;
     FilterContext context(::seccomp_init(default_action), ::seccomp_release);
-    if (!context)
+    if (!context) {
         throw SeccompProfileError(profile.origin + ": libseccomp refused the default action");
+    }
     // A call from an architecture the profile does not cover fails like an unknown call: the
     // payload gets ENOSYS instead of being killed without a word.
     if (::seccomp_attr_set(context.get(), SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_ERRNO(ENOSYS)) != 0 ||
@@ -183,8 +185,9 @@ SeccompFilter compile_seccomp_filter(const SeccompProfile& profile, const Seccom
     filter.program = export_program(context.get());
     for (const auto& flag : profile.flags) {
         if (flag == "SECCOMP_FILTER_FLAG_LOG") filter.flags |= SECCOMP_FILTER_FLAG_LOG;
-        if (flag == "SECCOMP_FILTER_FLAG_SPEC_ALLOW")
+        if (flag == "SECCOMP_FILTER_FLAG_SPEC_ALLOW") {
             filter.flags |= SECCOMP_FILTER_FLAG_SPEC_ALLOW;
+        }
     }
     return filter;
 }

@@ -54,7 +54,8 @@ class ProfileReader {
     void only_fields(const json& object, const std::string& pointer,
                      std::initializer_list<const char*> allowed) const {
         if (!object.is_object()) fail(pointer, where(pointer) + ": expected an object");
-        for (const auto& [key, value] : object.items()) {
+        for (const auto& item : object.items()) {
+            const std::string& key = item.key();
             if (std::none_of(allowed.begin(), allowed.end(),
                              [&key](const char* name) { return key == name; })) {
                 fail(pointer + "/" + key, prefix(pointer) + "unknown field '" + key + "'");
@@ -176,8 +177,9 @@ class ProfileReader {
         uint64_t index = unsigned_at(value.at("index"), pointer + "/index");
         if (index > 5) fail(pointer + "/index", where(pointer) + ": index must be 0 to 5");
         condition.index = static_cast<unsigned>(index);
-        if (value.contains("value"))
+        if (value.contains("value")) {
             condition.value = unsigned_at(value.at("value"), pointer + "/value");
+        }
         if (value.contains("valueTwo")) {
             condition.value_two = unsigned_at(value.at("valueTwo"), pointer + "/valueTwo");
         }
@@ -193,8 +195,9 @@ class ProfileReader {
         };
         std::string op = string_at(value.at("op"), pointer + "/op");
         auto found = kOps.find(op);
-        if (found == kOps.end())
+        if (found == kOps.end()) {
             fail(pointer + "/op", where(pointer) + ": unknown op '" + op + "'");
+        }
         condition.op = found->second;
         return condition;
     }
@@ -218,8 +221,9 @@ class ProfileReader {
         rule.action = action_at(value, "action", "errnoRet", pointer);
         if (value.contains("args") && !value.at("args").is_null()) {
             const json& args = value.at("args");
-            if (!args.is_array())
+            if (!args.is_array()) {
                 fail(pointer + "/args", where(pointer) + ".args: expected a list");
+            }
             for (size_t i = 0; i < args.size(); ++i) {
                 rule.args.push_back(condition_at(args[i], pointer + "/args/" + std::to_string(i)));
             }
@@ -246,8 +250,9 @@ class ProfileReader {
         }
         if (document.contains("architectures")) {
             const json& list = document.at("architectures");
-            if (!list.is_null() && !list.is_array())
+            if (!list.is_null() && !list.is_array()) {
                 fail("/architectures", "architectures: expected a list");
+            }
             for (size_t i = 0; !list.is_null() && i < list.size(); ++i) {
                 profile.architectures.push_back(
                     architecture_at(list[i], "/architectures/" + std::to_string(i)));
@@ -268,9 +273,10 @@ class ProfileReader {
                 if (map[i].contains("subArchitectures") &&
                     !map[i].at("subArchitectures").is_null()) {
                     const json& subs = map[i].at("subArchitectures");
-                    if (!subs.is_array())
+                    if (!subs.is_array()) {
                         fail(pointer + "/subArchitectures",
                              where(pointer) + ".subArchitectures: expected a list");
+                    }
                     for (size_t j = 0; j < subs.size(); ++j) {
                         mapping.sub_architectures.push_back(architecture_at(
                             subs[j], pointer + "/subArchitectures/" + std::to_string(j)));
