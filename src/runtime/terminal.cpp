@@ -23,36 +23,43 @@ SandboxPty open_sandbox_pty() {
     return pty;
 }
 
-void send_fd(int socket_fd, int fd) {
+namespace {
+
+// One byte of data carrying one descriptor (SCM_RIGHTS), as sendmsg/recvmsg want it.
+struct FdMessage {
     char byte = 't';
     iovec data{&byte, 1};
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
     msghdr message{};
-    message.msg_iov = &data;
-    message.msg_iovlen = 1;
-    message.msg_control = control;
-    message.msg_controllen = sizeof control;
-    cmsghdr* header = CMSG_FIRSTHDR(&message);
+
+    FdMessage() {
+        message.msg_iov = &data;
+        message.msg_iovlen = 1;
+        message.msg_control = control;
+        message.msg_controllen = sizeof control;
+    }
+    FdMessage(const FdMessage&) = delete;
+    FdMessage& operator=(const FdMessage&) = delete;
+};
+
+}  // namespace
+
+void send_fd(int socket_fd, int fd) {
+    FdMessage packet;
+    cmsghdr* header = CMSG_FIRSTHDR(&packet.message);
     header->cmsg_level = SOL_SOCKET;
     header->cmsg_type = SCM_RIGHTS;
     header->cmsg_len = CMSG_LEN(sizeof(int));
     std::memcpy(CMSG_DATA(header), &fd, sizeof fd);
-    if (::sendmsg(socket_fd, &message, MSG_NOSIGNAL) != 1) {
+    if (::sendmsg(socket_fd, &packet.message, MSG_NOSIGNAL) != 1) {
         throw system_error("--tty: cannot pass the terminal to sqbox");
     }
 }
 
 UniqueFd receive_fd(int socket_fd) {
-    char byte = 0;
-    iovec data{&byte, 1};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr message{};
-    message.msg_iov = &data;
-    message.msg_iovlen = 1;
-    message.msg_control = control;
-    message.msg_controllen = sizeof control;
-    if (::recvmsg(socket_fd, &message, MSG_CMSG_CLOEXEC) <= 0) return UniqueFd();
-    cmsghdr* header = CMSG_FIRSTHDR(&message);
+    FdMessage packet;
+    if (::recvmsg(socket_fd, &packet.message, MSG_CMSG_CLOEXEC) <= 0) return UniqueFd();
+    cmsghdr* header = CMSG_FIRSTHDR(&packet.message);
     if (header == nullptr || header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_RIGHTS ||
         header->cmsg_len != CMSG_LEN(sizeof(int))) {
         return UniqueFd();
