@@ -62,7 +62,7 @@ void mount_devices(int root_fd, bool create_mount_point, uint64_t shm_size_bytes
                                      MountAttr::kNoSuid | MountAttr::kNoExec, "/dev/pts (devpts)");
     attach_mount(pts.get(), pts_dir.get(), "/dev/pts");
     UniqueFd shm = create_filesystem(
-        "tmpfs", {{"mode", "1777"}, {"size", std::to_string(shm_size_bytes)}},
+        "tmpfs", writable_tmpfs_options(shm_size_bytes, "1777"),
         MountAttr::kNoSuid | MountAttr::kNoDev | MountAttr::kNoExec, "/dev/shm (tmpfs)");
     attach_mount(shm.get(), shm_dir.get(), "/dev/shm");
 

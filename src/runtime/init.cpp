@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -60,6 +61,31 @@ void prepare_sandbox(const SandboxConfig& config) {
     bring_up_loopback();
     PreparedRoot root = assemble_rootfs(config);
     pivot_into(root.root.get());
+}
+
+// Waits until the payload has executed its command (the close-on-exec status pipe reaches EOF)
+// or failed to (a report arrives), forwarding signals meanwhile: setting up the payload reads
+// image files, and a caller's SIGTERM must not wait for that. SIGCHLD stays pending for
+// supervise_payload.
+bool wait_for_exec(int exec_fd, pid_t payload, StageReport& failure) {
+    sigset_t forwarded = pipeline_signals();
+    sigdelset(&forwarded, SIGCHLD);
+    UniqueFd signals(::signalfd(-1, &forwarded, SFD_CLOEXEC));
+    if (!signals) throw system_error("signalfd");
+    for (;;) {
+        pollfd fds[2] = {{exec_fd, POLLIN, 0}, {signals.get(), POLLIN, 0}};
+        if (::poll(fds, 2, -1) < 0) {
+            if (errno == EINTR) continue;
+            throw system_error("poll");
+        }
+        if (fds[1].revents != 0) {
+            signalfd_siginfo info{};
+            if (::read(signals.get(), &info, sizeof info) == sizeof info) {
+                (void)::kill(payload, static_cast<int>(info.ssi_signo));
+            }
+        }
+        if (fds[0].revents != 0) return receive_report(exec_fd, failure);
+    }
 }
 
 // Waits for the payload, reaping any other process that ends meanwhile (orphans are re-parented
@@ -121,7 +147,7 @@ void run_init(const InitContext& context) {
         terminal.slave.reset();
         exec_status.write_end.reset();
         StageReport exec_failure;
-        const bool exec_failed = receive_report(exec_status.read_end.get(), exec_failure);
+        const bool exec_failed = wait_for_exec(exec_status.read_end.get(), payload, exec_failure);
 
         report = supervise_payload(payload);
         report.wall_ns =

@@ -168,8 +168,8 @@ int supervise(ChildProcess& supervisor, StdioRelay& relay) {
         fds.assign({{signal_fd.get(), POLLIN, 0}});
         relay.add_to_poll(fds);
         // Once the supervisor is gone, so is every process that could write to the relay (they
-        // all die with it), so the remaining output ends with EOF promptly.
-        if (status && fds.size() == 1) break;
+        // all die with it): what is left is output already on its way.
+        if (status && relay.output_done()) break;
         if (::poll(fds.data(), fds.size(), -1) < 0) {
             if (errno == EINTR) continue;
             throw system_error("poll");
@@ -178,7 +178,12 @@ int supervise(ChildProcess& supervisor, StdioRelay& relay) {
             signalfd_siginfo info{};
             if (::read(signal_fd.get(), &info, sizeof info) == sizeof info) {
                 const auto signal = static_cast<int>(info.ssi_signo);
-                if (is_forwarded_signal(signal)) supervisor.send(signal);
+                if (is_forwarded_signal(signal)) {
+                    // After the sandbox is gone, a caller who stopped reading and signals us
+                    // gets us gone instead of waiting for output nobody takes.
+                    if (status) relay.abandon_output();
+                    supervisor.send(signal);
+                }
                 if (signal == SIGWINCH) relay.resize();
             }
             if (!status && (status = supervisor.try_reap())) relay.stop_input();

@@ -5,6 +5,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -46,6 +47,15 @@ UniqueFd create_filesystem(const char* fstype, const MountOptions& options, uint
     UniqueFd mount(::fsmount(context.get(), FSMOUNT_CLOEXEC, static_cast<unsigned>(attributes)));
     if (!mount) throw mount_error("cannot mount " + what, errno);
     return mount;
+}
+
+MountOptions writable_tmpfs_options(uint64_t size_bytes, const char* mode) {
+    constexpr uint64_t kBytesPerInode = 16 * 1024;
+    constexpr uint64_t kMinInodes = 1024;
+    const uint64_t inodes = std::max(kMinInodes, size_bytes / kBytesPerInode);
+    return {{"mode", mode},
+            {"size", std::to_string(size_bytes)},
+            {"nr_inodes", std::to_string(inodes)}};
 }
 
 UniqueFd clone_mount_tree(int dir_fd, const std::string& path, bool recursive,

@@ -22,6 +22,11 @@ struct MountAttr {
     static const uint64_t kNoExec;
 };
 
+// Options of a tmpfs the payload can write to: `size_bytes` of data and one inode per 16 KiB of
+// it (at least 1024). Inodes live in kernel memory outside the size cap, so without their own cap
+// a 1 MiB tmpfs could still pin gigabytes of it.
+MountOptions writable_tmpfs_options(uint64_t size_bytes, const char* mode);
+
 // fsopen + fsconfig + fsmount: a new, detached instance of `fstype`. `what` names it in errors.
 UniqueFd create_filesystem(const char* fstype, const MountOptions& options, uint64_t attributes,
                            const std::string& what);

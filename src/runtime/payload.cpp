@@ -25,6 +25,10 @@ namespace sqbox {
 namespace {
 
 constexpr const char* kDefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+// Bounds on what an image's /etc/environment may cost: the file, and the environment it builds
+// (which must also fit execve's limits).
+constexpr size_t kMaxEnvironmentFileBytes = 64 * 1024;
+constexpr size_t kMaxEnvironmentBytes = 1024 * 1024;
 
 void set_entry(EnvironmentEntries& env, const std::string& key, const std::string& value) {
     for (auto& [existing_key, existing_value] : env) {
@@ -49,13 +53,30 @@ void reset_signals() {
     if (::sigprocmask(SIG_SETMASK, &none, nullptr) != 0) throw system_error("sigprocmask");
 }
 
+// The image is not trusted: its /etc/environment may be a FIFO (open would block), a device, or
+// a tiny compressed file that expands to gigabytes. Read only a bounded regular file.
 std::string read_image_environment() {
-    UniqueFd fd(::open("/etc/environment", O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    UniqueFd fd(::open("/etc/environment", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
     if (!fd) {
         if (errno == ENOENT || errno == ELOOP) return {};
         throw system_error("cannot open the image's /etc/environment");
     }
-    return read_all(fd.get(), "the image's /etc/environment");
+    struct stat info {};
+    if (::fstat(fd.get(), &info) != 0) throw system_error("stat of the image's /etc/environment");
+    if (!S_ISREG(info.st_mode)) throw Error("the image's /etc/environment is not a regular file");
+    if (info.st_size > static_cast<off_t>(kMaxEnvironmentFileBytes)) {
+        throw Error("the image's /etc/environment is larger than " +
+                    std::to_string(kMaxEnvironmentFileBytes / 1024) + " KiB");
+    }
+    std::string content(kMaxEnvironmentFileBytes + 1, '\0');
+    ssize_t n = read_full(fd.get(), content.data(), content.size());
+    if (n < 0) throw system_error("cannot read the image's /etc/environment");
+    if (static_cast<size_t>(n) > kMaxEnvironmentFileBytes) {
+        throw Error("the image's /etc/environment is larger than " +
+                    std::to_string(kMaxEnvironmentFileBytes / 1024) + " KiB");
+    }
+    content.resize(static_cast<size_t>(n));
+    return content;
 }
 
 }  // namespace
@@ -78,6 +99,12 @@ EnvironmentEntries build_payload_environment(const SandboxConfig& config,
         set_entry(env, key, value);
     }
     for (const auto& [key, value] : config.environment) set_entry(env, key, value);
+    size_t total = 0;
+    for (const auto& [key, value] : env) total += key.size() + value.size() + 2;
+    if (total > kMaxEnvironmentBytes) {
+        throw Error("the payload's environment would exceed " +
+                    std::to_string(kMaxEnvironmentBytes / 1024 / 1024) + " MiB");
+    }
     return env;
 }
 

@@ -5,6 +5,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -17,10 +18,6 @@
 
 namespace sqbox {
 namespace {
-
-std::string size_option(uint64_t bytes) {
-    return std::to_string(bytes);
-}
 
 UniqueFd open_directory(const std::string& path) {
     UniqueFd fd(::open(path.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
@@ -68,6 +65,24 @@ void mount_fresh(int root_fd, const std::string& path, const char* fstype,
     UniqueFd target = resolve_in_root(root_fd, path, EntryKind::kDirectory, create, path);
     UniqueFd fs = create_filesystem(fstype, options, attributes, path + " (" + fstype + ")");
     attach_mount(fs.get(), target.get(), path);
+}
+
+// System V IPC lives in kernel memory that no rlimit counts. These settings belong to the
+// sandbox's own ipc namespace: shared memory gets the same budget as /dev/shm, and message
+// queues a few MiB in all (256 queues of at most 16 KiB each, the kernel's per-queue default).
+// The kernel lets only uid 0 of the namespace's user namespace change them: that is us when the
+// caller is root or with --root; otherwise uid 0 is unmapped and the defaults stay (see
+// SECURITY.md, "Limits of the model").
+void limit_ipc(int root_fd, uint64_t shared_memory_bytes) {
+    const uint64_t pages = std::max<uint64_t>(1, shared_memory_bytes / 4096);
+    try {
+        write_file_at(root_fd, "proc/sys/kernel/shmmax", std::to_string(shared_memory_bytes),
+                      O_NOFOLLOW);
+        write_file_at(root_fd, "proc/sys/kernel/shmall", std::to_string(pages), O_NOFOLLOW);
+        write_file_at(root_fd, "proc/sys/kernel/msgmni", "256", O_NOFOLLOW);
+    } catch (const Error& e) {
+        if (e.system_errno() != EACCES) throw;
+    }
 }
 
 struct GeneratedFile {
@@ -187,9 +202,9 @@ void mount_image(const ImageSource& image, int fuse_fd, const IdMapping& ids) {
 
 PreparedRoot assemble_rootfs(const SandboxConfig& config) {
     // Everything writable for this sandbox lives in one size-capped tmpfs.
-    UniqueFd sandbox_fs = create_filesystem(
-        "tmpfs", {{"mode", "0755"}, {"size", size_option(config.tmpfs_size_bytes)}},
-        MountAttr::kNoSuid | MountAttr::kNoDev, "sandbox tmpfs");
+    UniqueFd sandbox_fs =
+        create_filesystem("tmpfs", writable_tmpfs_options(config.tmpfs_size_bytes, "0755"),
+                          MountAttr::kNoSuid | MountAttr::kNoDev, "sandbox tmpfs");
     for (const char* dir : {"upper", "work", "root"}) {
         if (::mkdirat(sandbox_fs.get(), dir, 0755) != 0) {
             throw system_error(std::string("cannot create sandbox directory ") + dir);
@@ -212,9 +227,9 @@ PreparedRoot assemble_rootfs(const SandboxConfig& config) {
     // No user namespaces below the sandbox's own, even with --seccomp none: a new one would give
     // the payload capabilities over it. (This sysctl is per user namespace: it is ours.)
     write_file_at(root, "proc/sys/user/max_user_namespaces", "0", O_NOFOLLOW);
+    limit_ipc(root, config.tmpfs_size_bytes);
     mask_proc(root, config.outside_uid == 0);
-    mount_fresh(root, "/tmp", "tmpfs",
-                {{"mode", "1777"}, {"size", size_option(config.tmpfs_size_bytes)}},
+    mount_fresh(root, "/tmp", "tmpfs", writable_tmpfs_options(config.tmpfs_size_bytes, "1777"),
                 MountAttr::kNoSuid | MountAttr::kNoDev, create);
     install_etc_files(root, prepared.writable,
                       {{"hostname", config.hostname + "\n"},

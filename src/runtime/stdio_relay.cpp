@@ -1,6 +1,7 @@
 #include "runtime/stdio_relay.h"
 
 #include <fcntl.h>
+#include <limits.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -13,11 +14,27 @@
 namespace sqbox {
 namespace {
 
-constexpr size_t kChunk = size_t{64} * 1024;
+constexpr size_t kReadChunk = size_t{64} * 1024;
+
+void set_nonblocking(int fd) {
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+        throw system_error("cannot make a relay descriptor non-blocking");
+    }
+}
 
 }  // namespace
 
+void StdioRelay::Channel::close_source() {
+    source = -1;
+    owned_source.reset();
+}
+
 StdioRelay::StdioRelay(std::optional<uint64_t> output_limit, bool tty) : tty_(tty) {
+    output_.limit = output_limit;
+    error_.limit = output_limit;
+    output_.sink = STDOUT_FILENO;
+    error_.sink = STDERR_FILENO;
     if (tty) {
         if (::isatty(STDIN_FILENO) != 1) throw Error("--tty: stdin is not a terminal");
         int pair[2];
@@ -26,65 +43,58 @@ StdioRelay::StdioRelay(std::optional<uint64_t> output_limit, bool tty) : tty_(tt
         }
         tty_socket_.reset(pair[0]);
         tty_socket_child_.reset(pair[1]);
-        // The terminal carries both output streams; stdout's limit and flag stand for it.
-        streams_[0].open = true;
-        streams_[1].open = true;
-        streams_[1].limit = output_limit;
+        active_ = true;
         return;
     }
     for (int fd = 0; fd < 3; ++fd) {
-        Stream& stream = streams_[fd];
         const bool output = fd != STDIN_FILENO;
-        stream.relayed = ::isatty(fd) == 1 || (output && output_limit.has_value());
-        if (!stream.relayed) continue;
+        if (::isatty(fd) != 1 && !(output && output_limit)) continue;
         Pipe pipe = make_pipe("stdio relay");
-        if (output) {
-            stream.sandbox_end = std::move(pipe.write_end);
-            stream.our_end = std::move(pipe.read_end);
-            stream.limit = output_limit;
+        if (fd == STDIN_FILENO) {
+            sandbox_ends_[fd] = std::move(pipe.read_end);
+            input_.source = STDIN_FILENO;
+            input_.owned_sink = std::move(pipe.write_end);
+            input_.sink = input_.owned_sink.get();
+            input_.sink_nonblocking = true;
+            set_nonblocking(input_.sink);
         } else {
-            stream.sandbox_end = std::move(pipe.read_end);
-            stream.our_end = std::move(pipe.write_end);
+            Channel& channel = fd == STDOUT_FILENO ? output_ : error_;
+            sandbox_ends_[fd] = std::move(pipe.write_end);
+            channel.owned_source = std::move(pipe.read_end);
+            channel.source = channel.owned_source.get();
         }
-        stream.open = true;
+        active_ = true;
     }
-}
-
-bool StdioRelay::active() const {
-    if (tty_) return true;
-    return std::any_of(streams_.begin(), streams_.end(), [](const Stream& s) { return s.relayed; });
 }
 
 int StdioRelay::install_in_child() {
     tty_socket_.reset();
     int diagnostics = -1;
-    if (streams_[2].relayed) {
-        diagnostics = ::fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 3);
-    }
+    if (sandbox_ends_[STDERR_FILENO]) diagnostics = ::fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 3);
     for (int fd = 0; fd < 3; ++fd) {
-        Stream& stream = streams_[fd];
-        if (!stream.relayed) continue;
-        if (::dup2(stream.sandbox_end.get(), fd) < 0) throw system_error("dup2 for stdio relay");
-        stream.sandbox_end.reset();
-        stream.our_end.reset();
+        if (!sandbox_ends_[fd]) continue;
+        if (::dup2(sandbox_ends_[fd].get(), fd) < 0) throw system_error("dup2 for stdio relay");
+        sandbox_ends_[fd].reset();
     }
     return diagnostics;
 }
 
 void StdioRelay::close_child_ends() {
-    for (auto& stream : streams_) stream.sandbox_end.reset();
+    for (auto& end : sandbox_ends_) end.reset();
     tty_socket_child_.reset();
 }
 
 void StdioRelay::attach_terminal() {
     master_ = receive_fd(tty_socket_.get());
     tty_socket_.reset();
-    if (!master_) {  // the sandbox ended before its terminal existed
-        streams_[0].open = streams_[1].open = false;
-        return;
-    }
-    streams_[1].our_end.reset(::dup(master_.get()));  // read side, polled like an output pipe
-    if (!streams_[1].our_end) throw system_error("--tty: dup");
+    if (!master_) return;  // the sandbox ended before its terminal existed
+    set_nonblocking(master_.get());
+    input_.source = STDIN_FILENO;
+    input_.sink = master_.get();
+    input_.sink_nonblocking = true;
+    output_.owned_source.reset(::dup(master_.get()));  // polled apart from the writing side
+    if (!output_.owned_source) throw system_error("--tty: dup");
+    output_.source = output_.owned_source.get();
     copy_window_size(STDIN_FILENO, master_.get());
     raw_terminal_.emplace(STDIN_FILENO);
 }
@@ -94,17 +104,12 @@ void StdioRelay::resize() {
 }
 
 void StdioRelay::add_to_poll(std::vector<pollfd>& fds) const {
-    if (tty_socket_) {
-        fds.push_back({tty_socket_.get(), POLLIN, 0});
-        return;
-    }
-    for (int fd = 0; fd < 3; ++fd) {
-        const Stream& stream = streams_[fd];
-        if (!stream.open) continue;
-        if (fd == STDIN_FILENO) {
-            fds.push_back({STDIN_FILENO, POLLIN, 0});
-        } else {
-            fds.push_back({stream.our_end.get(), POLLIN, 0});
+    if (tty_socket_) fds.push_back({tty_socket_.get(), POLLIN, 0});
+    for (const Channel* channel : {&input_, &output_, &error_}) {
+        if (!channel->buffer.empty() && channel->sink_alive) {
+            fds.push_back({channel->sink, POLLOUT, 0});
+        } else if (channel->reading()) {
+            fds.push_back({channel->source, POLLIN, 0});
         }
     }
 }
@@ -114,55 +119,67 @@ void StdioRelay::handle_poll(const std::vector<pollfd>& fds) {
         if (entry.revents == 0) continue;
         if (tty_socket_ && entry.fd == tty_socket_.get()) {
             attach_terminal();
-            return;
-        }
-        if (entry.fd == STDIN_FILENO && streams_[0].open) {
-            copy_input();
             continue;
         }
-        for (int fd = 1; fd < 3; ++fd) {
-            if (streams_[fd].open && entry.fd == streams_[fd].our_end.get()) copy_output(fd);
+        for (Channel* channel : {&input_, &output_, &error_}) {
+            if ((entry.events & POLLOUT) != 0 && entry.fd == channel->sink) {
+                flush(*channel);
+            } else if ((entry.events & POLLIN) != 0 && entry.fd == channel->source) {
+                fill(*channel);
+            }
         }
     }
 }
 
-void StdioRelay::copy_output(int fd_number) {
-    Stream& stream = streams_[fd_number];
-    char buffer[kChunk];
-    ssize_t n = ::read(stream.our_end.get(), buffer, sizeof buffer);
+void StdioRelay::fill(Channel& channel) {
+    char buffer[kReadChunk];
+    const ssize_t n = ::read(channel.source, buffer, sizeof buffer);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
     if (n <= 0) {  // EOF, or EIO from a terminal master once no process holds the other side
-        stream.open = false;
-        stream.our_end.reset();
+        channel.close_source();
         return;
     }
-    auto size = static_cast<uint64_t>(n);
-    uint64_t allowed = size;
-    if (stream.limit) {
-        allowed = std::min(size, *stream.limit - std::min(*stream.limit, stream.passed));
-        if (allowed < size) stream.truncated = true;
+    auto allowed = static_cast<uint64_t>(n);
+    if (channel.limit) {
+        allowed = std::min(allowed, *channel.limit - std::min(*channel.limit, channel.passed));
+        if (allowed < static_cast<uint64_t>(n)) channel.truncated = true;
     }
-    // A caller that stopped reading loses the rest; the payload keeps running either way.
-    if (allowed > 0) (void)write_all(fd_number, buffer, allowed);
-    stream.passed += allowed;
+    channel.passed += allowed;
+    if (channel.sink_alive) channel.buffer.append(buffer, allowed);
 }
 
-void StdioRelay::copy_input() {
-    Stream& stream = streams_[0];
-    char buffer[kChunk];
-    ssize_t n = ::read(STDIN_FILENO, buffer, sizeof buffer);
+void StdioRelay::flush(Channel& channel) {
+    // The caller's descriptors may be blocking: after POLLOUT a pipe takes PIPE_BUF bytes without
+    // blocking, so no more than that goes to them at once. Our own ends are non-blocking.
+    const size_t size = channel.sink_nonblocking
+                            ? channel.buffer.size()
+                            : std::min<size_t>(channel.buffer.size(), PIPE_BUF);
+    const ssize_t n = ::write(channel.sink, channel.buffer.data(), size);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
-    // EOF from the caller, or the payload closed its end (EPIPE): stop relaying input.
-    const int to = tty_ ? master_.get() : stream.our_end.get();
-    if (n <= 0 || !write_all(to, buffer, static_cast<size_t>(n))) {
-        stream.open = false;
-        stream.our_end.reset();
+    if (n < 0) {  // the reader is gone (EPIPE) or broken: drop this stream's data from now on
+        channel.sink_alive = false;
+        channel.buffer.clear();
+        return;
     }
+    channel.buffer.erase(0, static_cast<size_t>(n));
 }
 
 void StdioRelay::stop_input() {
-    streams_[0].open = false;
-    streams_[0].our_end.reset();
+    input_.close_source();
+    input_.buffer.clear();
+    input_.owned_sink.reset();
+    input_.sink = -1;
+}
+
+void StdioRelay::abandon_output() {
+    for (Channel* channel : {&output_, &error_}) {
+        channel->close_source();
+        channel->buffer.clear();
+    }
+}
+
+bool StdioRelay::output_done() const {
+    return output_.done() && error_.done();
 }
 
 }  // namespace sqbox

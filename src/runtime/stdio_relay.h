@@ -3,13 +3,17 @@
 // --output-limit needs sqbox to count what passes. Such streams become pipes that the launcher
 // copies; the others are inherited unchanged (no copy, no cost). With --tty the payload gets a
 // terminal of the sandbox's own (see terminal.h) and the relay copies between it and the caller's.
+//
+// The copying never blocks the launcher: each direction keeps a buffer, reads only when it is
+// empty and writes only when poll() says the other side has room, so signals are always handled
+// and a reader that stops reading holds back only its own stream.
 #pragma once
 
 #include <poll.h>
 
-#include <array>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "runtime/terminal.h"
@@ -25,12 +29,12 @@ class StdioRelay {
     StdioRelay(const StdioRelay&) = delete;
     StdioRelay& operator=(const StdioRelay&) = delete;
 
-    [[nodiscard]] bool active() const;
+    [[nodiscard]] bool active() const { return active_; }
 
     // In the newly created child: puts the sandbox ends of the pipes on fds 0-2 and returns a
     // close-on-exec copy of the caller's stderr for sqbox's own messages (-1 if not needed).
     int install_in_child();
-    // In the launcher, once the child exists: drops the child's pipe ends.
+    // In the launcher, once the child exists: drops the child's ends.
     void close_child_ends();
     // With --tty: the socket init sends the terminal's master on (kept open in the child).
     [[nodiscard]] int child_tty_socket() const { return tty_socket_child_.get(); }
@@ -42,26 +46,43 @@ class StdioRelay {
     void handle_poll(const std::vector<pollfd>& fds);
     // Stops copying the caller's input (the payload is gone).
     void stop_input();
+    // Drops output not yet delivered (the caller wants sqbox gone and is not reading).
+    void abandon_output();
+    // Every relayed output has reached EOF and been delivered (or dropped).
+    [[nodiscard]] bool output_done() const;
 
-    [[nodiscard]] bool stdout_truncated() const { return streams_[1].truncated; }
-    [[nodiscard]] bool stderr_truncated() const { return streams_[2].truncated; }
+    [[nodiscard]] bool stdout_truncated() const { return output_.truncated; }
+    [[nodiscard]] bool stderr_truncated() const { return error_.truncated; }
 
   private:
-    struct Stream {
-        bool relayed = false;
-        UniqueFd sandbox_end;  // given to the child as fd 0, 1 or 2
-        UniqueFd our_end;      // read (outputs) or written (stdin) by the launcher
-        bool open = false;
+    // One direction of copying: source -> buffer -> sink.
+    struct Channel {
+        int source = -1;
+        UniqueFd owned_source;
+        int sink = -1;
+        UniqueFd owned_sink;
+        std::string buffer;
+        bool sink_nonblocking = false;  // our own end (else the caller's, maybe blocking)
+        bool sink_alive = true;         // false after a write error: the rest is read and dropped
         std::optional<uint64_t> limit;
         uint64_t passed = 0;
         bool truncated = false;
+
+        [[nodiscard]] bool reading() const { return source >= 0; }
+        [[nodiscard]] bool done() const { return source < 0 && buffer.empty(); }
+        void close_source();
     };
-    void copy_output(int fd_number);
-    void copy_input();
+
+    static void fill(Channel& channel);
+    static void flush(Channel& channel);
     void attach_terminal();
 
-    std::array<Stream, 3> streams_;
+    bool active_ = false;
     bool tty_ = false;
+    Channel input_;   // the caller's stdin -> the sandbox
+    Channel output_;  // the sandbox -> the caller's stdout (with --tty: the terminal's output)
+    Channel error_;   // the sandbox -> the caller's stderr
+    UniqueFd sandbox_ends_[3];   // the child's fds 0-2, where relayed
     UniqueFd tty_socket_;        // our end: the master arrives here
     UniqueFd tty_socket_child_;  // the child's end
     UniqueFd master_;            // the sandbox terminal's master, once received

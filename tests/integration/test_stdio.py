@@ -133,3 +133,26 @@ def test_tty_needs_a_terminal(sqbox, busybox_image):
     result = sqbox.run(busybox_image, "true", options=["--tty"], input="")
     assert result.returncode == 125
     assert result.stderr == "sqbox: --tty: stdin is not a terminal\n"
+
+
+def test_sigterm_is_handled_while_terminal_input_piles_up(sqbox_bin, busybox_image):
+    """The payload never reads its stdin (a relayed terminal); the caller keeps typing. sqbox must
+    not block on the full pipe: SIGTERM still ends the run at once."""
+    import signal
+    master, slave = os.openpty()
+    try:
+        process = subprocess.Popen([sqbox_bin, "run", busybox_image, "--", "sleep", "60"],
+                                   stdin=slave, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, start_new_session=True)
+        os.set_blocking(master, False)
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            try:
+                os.write(master, b"x" * 1000 + b"\n")
+            except BlockingIOError:
+                time.sleep(0.01)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=10) == 128 + signal.SIGTERM
+    finally:
+        os.close(master)
+        os.close(slave)

@@ -3,6 +3,7 @@ symlinked --mount destinations, setuid and file-capability binaries, devices and
 import os
 import pwd
 import shutil
+import time
 import uuid
 from pathlib import Path
 
@@ -290,3 +291,26 @@ def test_no_sysfs_no_host_devices_and_mknod_fails(box):
     assert res["mknod_mem"] in ("EPERM", "EACCES"), res
     assert res["mknod_fifo"] == "ok", res  # control: mknod itself works for a FIFO
     assert res["mount_sysfs"] == "EPERM", res
+
+
+@pytest.mark.parametrize("kind", ["fifo", "huge", "directory"])
+def test_hostile_etc_environment_fails_fast(box, busybox_rootfs, tmp_path, kind):
+    """The image's /etc/environment is read before the payload's limits apply: a FIFO (open would
+    block), a directory, or a file that would expand to gigabytes ends the run at once with 125
+    and one line, and sqbox still answers SIGTERM meanwhile."""
+    rootfs = _hostile_rootfs(busybox_rootfs, tmp_path / "rootfs")
+    environment = rootfs / "etc" / "environment"
+    if environment.exists():
+        environment.unlink()
+    if kind == "fifo":
+        os.mkfifo(environment)
+    elif kind == "directory":
+        environment.mkdir()
+    else:
+        environment.write_text(("A=" + "$PATH" * 20000 + "\n") * 10)
+    start = time.monotonic()
+    result = box.run(str(rootfs), "echo", "never", options=["--timeout", "20"])
+    assert time.monotonic() - start < 10
+    assert result.returncode == 125, result
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1 and "/etc/environment" in result.stderr, result.stderr

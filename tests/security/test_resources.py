@@ -210,3 +210,52 @@ def test_output_flood_is_capped(box, tmp_path):
     assert small.stdout == "short\n"
     data = json.loads(record.read_text())
     assert data["truncated"] is False and data["stdout_truncated"] is False, data
+
+
+def test_tmpfs_inodes_are_capped_with_the_size(box):
+    """Empty directories cost kernel memory but no tmpfs bytes: --tmpfs-size also caps the inode
+    count (one per 16 KiB, at least 1024), so a 1 MiB /tmp cannot pin gigabytes of slab."""
+    _, res = box.py_results("""
+        made = 0
+        try:
+            while made < 100000:
+                os.mkdir("/tmp/d%d" % made)
+                made += 1
+        except OSError as e:
+            RESULTS["error"] = ename(e.errno)
+        finish(made=made)
+    """, options=["--tmpfs-size", "1M"])
+    assert res["error"] == "ENOSPC", res
+    assert res["made"] <= 1024, res
+
+
+def test_host_wide_aio_contexts_are_out_of_reach(box):
+    """fs.aio-max-nr is one pool for the whole host: io_setup answers ENOSYS (libaio falls back)."""
+    _, res = box.py_results("""
+        ctx = ctypes.c_ulong(0)
+        note("io_setup", sysc(206, 4096, ctypes.addressof(ctx)))
+        finish()
+    """)
+    assert res["io_setup"] == "ENOSYS", res
+
+
+def test_payload_cannot_lower_the_limits_of_init(box):
+    """prlimit64 on pid 1 (sqbox's init, same user) would let the payload have init killed by
+    RLIMIT_CPU; only the caller's own limits (pid 0) may change."""
+    _, res = box.py_results("""
+        import resource
+        attempt("init", resource.prlimit, 1, resource.RLIMIT_CPU, (1, 1))
+        attempt("self", resource.prlimit, 0, resource.RLIMIT_CPU, (100, 100))
+        finish()
+    """)
+    assert res == {"init": "EPERM", "self": "ok"}, res
+
+
+def test_sysv_ipc_is_capped_with_root_mapping(box):
+    """With --root (uid 0 of the sandbox's user namespace, which owns its ipc namespace) sqbox
+    caps System V shared memory at --tmpfs-size and message queues at 256."""
+    _, res = box.py_results("""
+        read = lambda name: int(open("/proc/sys/kernel/" + name).read())
+        finish(shmmax=read("shmmax"), shmall=read("shmall"), msgmni=read("msgmni"))
+    """, options=["--root", "--tmpfs-size", "64M"])
+    assert res == {"shmmax": 64 * MiB, "shmall": 64 * MiB // 4096, "msgmni": 256}, res

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <linux/sched.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <csignal>
@@ -186,6 +187,10 @@ TEST(SeccompProfile, DefaultDeniesWhatHostileCodeUses) {
     EXPECT_EQ(answer(filter, SYS_socket, {AF_INET6}), kAllow);
     EXPECT_EQ(answer(filter, SYS_socket, {AF_PACKET}), eperm);
     EXPECT_EQ(answer(filter, SYS_socket, {40 /* AF_VSOCK */}), eperm);
+    // Limits of other processes (sqbox's init) are out of reach; the host-wide AIO pool too.
+    EXPECT_EQ(answer(filter, SYS_prlimit64, {0, RLIMIT_CPU}), kAllow);
+    EXPECT_EQ(answer(filter, SYS_prlimit64, {1, RLIMIT_CPU}), eperm);
+    EXPECT_EQ(answer(filter, SYS_io_setup, {4096}), errno_result(ENOSYS));
     // Unknown calls, and other ABIs, get ENOSYS so that libc falls back.
     EXPECT_EQ(answer(filter, 460), errno_result(ENOSYS));
     EXPECT_EQ(answer(filter, 0x40000000 | SYS_mount), errno_result(ENOSYS));  // x32
