@@ -102,7 +102,7 @@ std::string unique_name() {
     if (::getrandom(&random, sizeof random, 0) != sizeof random) random = 0;
     char name[64];
     (void)std::snprintf(name, sizeof name, "%s%d-%08x", kNamePrefix, static_cast<int>(::getpid()),
-                  random);
+                        random);
     return name;
 }
 
@@ -127,10 +127,11 @@ std::string cpu_max(double cpus) {
 
 }  // namespace
 
-std::optional<SandboxCgroup> SandboxCgroup::create(const SandboxConfig& config) {
+std::optional<SandboxCgroup> SandboxCgroup::plan(const SandboxConfig& config) {
     const ResourceLimits& limits = config.limits;
     const std::vector<MountEntry> mounts = read_mounts();
     SandboxCgroup cgroup;
+    cgroup.limits_ = limits;
 
     std::string v2_parent;
     if (!config.cgroup_parent.empty()) {
@@ -171,79 +172,76 @@ std::optional<SandboxCgroup> SandboxCgroup::create(const SandboxConfig& config) 
                                                    "processes of its own)"));
             }
         }
-        remove_stale_siblings(v2_parent);
-        const std::string path = v2_parent + "/" + unique_name();
-        if (::mkdir(path.c_str(), 0755) != 0) throw system_error("cannot create cgroup " + path);
-        cgroup.directories_.push_back({path, UniqueFd()});
-        cgroup.memory_dir_ = path;
-        if (limits.memory_bytes) {
-            write_text(path + "/memory.max", std::to_string(*limits.memory_bytes));
-            if (::access((path + "/memory.swap.max").c_str(), F_OK) == 0) {
-                write_text(path + "/memory.swap.max", "0");
-            }
-        }
-        if (limits.processes) write_text(path + "/pids.max", std::to_string(*limits.processes));
-        if (limits.cpus) write_text(path + "/cpu.max", cpu_max(*limits.cpus));
+        cgroup.directories_.push_back({v2_parent, "v2", "", UniqueFd()});
+        cgroup.cpu_ = limits.cpus.has_value();
     } else if (::geteuid() == 0) {
         // cgroup v1, one hierarchy per controller.
         for (const char* controller : {"memory", "pids", "cpu"}) {
-            if (std::string(controller) == "cpu" && !limits.cpus) continue;
+            const std::string name = controller;
+            if (name == "cpu" && !limits.cpus) continue;
             const MountEntry* hierarchy = nullptr;
             for (const auto& mount : mounts) {
                 if (mount.fstype == "cgroup" &&
-                    ("," + mount.super_options + ",").find(std::string(",") + controller + ",") !=
-                        std::string::npos) {
+                    ("," + mount.super_options + ",").find("," + name + ",") != std::string::npos) {
                     hierarchy = &mount;
                 }
             }
-            std::optional<std::string> own = own_cgroup_path(controller);
+            std::optional<std::string> own = own_cgroup_path(name);
             if (hierarchy == nullptr || !own) {
-                if (std::string(controller) == "cpu") break;
-                cgroup.remove();
+                if (name == "cpu") break;
                 return std::nullopt;
             }
             const std::string parent = hierarchy->point + (*own == "/" ? "" : *own);
-            remove_stale_siblings(parent);
-            const std::string path = parent + "/" + unique_name();
-            if (::mkdir(path.c_str(), 0755) != 0) {
-                throw system_error("cannot create cgroup " + path);
-            }
-            cgroup.directories_.push_back({path, UniqueFd()});
-            if (std::string(controller) == "memory") {
-                cgroup.memory_dir_ = path;
-                if (limits.memory_bytes) {
-                    const std::string bytes = std::to_string(*limits.memory_bytes);
-                    write_text(path + "/memory.limit_in_bytes", bytes);
-                    if (::access((path + "/memory.memsw.limit_in_bytes").c_str(), F_OK) == 0) {
-                        write_text(path + "/memory.memsw.limit_in_bytes", bytes);
-                    }
-                }
-            } else if (std::string(controller) == "pids") {
-                if (limits.processes) {
-                    write_text(path + "/pids.max", std::to_string(*limits.processes));
-                }
-            } else {
-                const std::string quota = cpu_max(*limits.cpus);
-                write_text(path + "/cpu.cfs_period_us", std::to_string(kCpuPeriodMicros));
-                write_text(path + "/cpu.cfs_quota_us", quota.substr(0, quota.find(' ')));
-                cgroup.cpu_ = true;
-            }
+            cgroup.directories_.push_back({parent, name, "", UniqueFd()});
+            if (name == "cpu") cgroup.cpu_ = true;
         }
         cgroup.mechanism_ = "cgroup-v1";
     } else {
         return std::nullopt;
     }
-
-    const char* join_file = cgroup.mechanism_ == "cgroup-v2" ? "/cgroup.procs" : "/tasks";
-    for (auto& directory : cgroup.directories_) {
-        const std::string path = directory.path + join_file;
-        directory.join.reset(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
-        if (!directory.join) throw system_error("cannot open " + path);
-    }
     cgroup.memory_ = limits.memory_bytes.has_value();
     cgroup.pids_ = limits.processes.has_value();
-    if (cgroup.mechanism_ == "cgroup-v2") cgroup.cpu_ = limits.cpus.has_value();
     return cgroup;
+}
+
+void SandboxCgroup::create() {
+    const ResourceLimits& limits = limits_;
+    const std::string name = unique_name();
+    for (auto& directory : directories_) {
+        remove_stale_siblings(directory.parent);
+        const std::string path = directory.parent + "/" + name;
+        if (::mkdir(path.c_str(), 0755) != 0) throw system_error("cannot create cgroup " + path);
+        directory.path = path;
+        const std::string& kind = directory.controller;
+        if (kind == "v2" || kind == "memory") memory_dir_ = path;
+        if (kind == "v2") {
+            if (limits.memory_bytes) {
+                write_text(path + "/memory.max", std::to_string(*limits.memory_bytes));
+                if (::access((path + "/memory.swap.max").c_str(), F_OK) == 0) {
+                    write_text(path + "/memory.swap.max", "0");
+                }
+            }
+            if (limits.processes) write_text(path + "/pids.max", std::to_string(*limits.processes));
+            if (limits.cpus) write_text(path + "/cpu.max", cpu_max(*limits.cpus));
+        } else if (kind == "memory") {
+            if (limits.memory_bytes) {
+                const std::string bytes = std::to_string(*limits.memory_bytes);
+                write_text(path + "/memory.limit_in_bytes", bytes);
+                if (::access((path + "/memory.memsw.limit_in_bytes").c_str(), F_OK) == 0) {
+                    write_text(path + "/memory.memsw.limit_in_bytes", bytes);
+                }
+            }
+        } else if (kind == "pids") {
+            if (limits.processes) write_text(path + "/pids.max", std::to_string(*limits.processes));
+        } else if (kind == "cpu") {
+            const std::string quota = cpu_max(*limits.cpus);
+            write_text(path + "/cpu.cfs_period_us", std::to_string(kCpuPeriodMicros));
+            write_text(path + "/cpu.cfs_quota_us", quota.substr(0, quota.find(' ')));
+        }
+        const std::string join = path + (kind == "v2" ? "/cgroup.procs" : "/tasks");
+        directory.join.reset(::open(join.c_str(), O_WRONLY | O_CLOEXEC));
+        if (!directory.join) throw system_error("cannot open " + join);
+    }
 }
 
 SandboxCgroup::~SandboxCgroup() {
@@ -253,6 +251,7 @@ SandboxCgroup::~SandboxCgroup() {
 void SandboxCgroup::remove() noexcept {
     for (auto& directory : directories_) {
         directory.join.reset();
+        if (directory.path.empty()) continue;  // planned, never created
         // The last processes may still be on their way out for a moment after init is reaped.
         for (int attempt = 0; attempt < 100; ++attempt) {
             if (::rmdir(directory.path.c_str()) == 0 || errno == ENOENT) break;

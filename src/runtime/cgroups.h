@@ -26,9 +26,14 @@ namespace sqbox {
 
 class SandboxCgroup {
   public:
-    // Creates the sandbox's cgroup for `config` and writes its limits; nullopt when no cgroup is
-    // available (see above). Throws when --cgroup was given but cannot be used.
-    static std::optional<SandboxCgroup> create(const SandboxConfig& config);
+    // Decides where the sandbox's cgroup goes and checks that it can (cheap: no cgroup is made
+    // yet); nullopt when no cgroup is available (see above). Throws when --cgroup was given but
+    // cannot be used.
+    static std::optional<SandboxCgroup> plan(const SandboxConfig& config);
+    // Creates the cgroup directories, writes the limits and opens the join files. The launcher
+    // does this while the sandbox is being set up (creating a memory cgroup costs about a
+    // millisecond); init waits for the join files before it starts the payload.
+    void create();
 
     SandboxCgroup(SandboxCgroup&&) noexcept = default;
     SandboxCgroup& operator=(SandboxCgroup&&) noexcept = default;
@@ -48,12 +53,15 @@ class SandboxCgroup {
 
   private:
     struct Directory {
-        std::string path;
+        std::string parent;
+        std::string controller;  // "v2", or the v1 controller: "memory", "pids", "cpu"
+        std::string path;        // set by create()
         UniqueFd join;
     };
     SandboxCgroup() = default;
     void remove() noexcept;
 
+    ResourceLimits limits_;
     std::string mechanism_;
     std::vector<Directory> directories_;
     std::string memory_dir_;  // where memory.events (v2) or memory.oom_control (v1) lives

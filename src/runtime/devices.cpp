@@ -61,9 +61,9 @@ void mount_devices(int root_fd, bool create_mount_point, uint64_t shm_size_bytes
     UniqueFd pts = create_filesystem("devpts", {{"ptmxmode", "0666"}, {"mode", "0620"}},
                                      MountAttr::kNoSuid | MountAttr::kNoExec, "/dev/pts (devpts)");
     attach_mount(pts.get(), pts_dir.get(), "/dev/pts");
-    UniqueFd shm = create_filesystem(
-        "tmpfs", writable_tmpfs_options(shm_size_bytes, "1777"),
-        MountAttr::kNoSuid | MountAttr::kNoDev | MountAttr::kNoExec, "/dev/shm (tmpfs)");
+    UniqueFd shm = create_filesystem("tmpfs", writable_tmpfs_options(shm_size_bytes, "1777"),
+                                     MountAttr::kNoSuid | MountAttr::kNoDev | MountAttr::kNoExec,
+                                     "/dev/shm (tmpfs)");
     attach_mount(shm.get(), shm_dir.get(), "/dev/shm");
 
     for (const auto& link : kLinks) {

@@ -21,6 +21,7 @@
 #include "runtime/stage_report.h"
 #include "runtime/terminal.h"
 #include "util/errors.h"
+#include "util/fd_passing.h"
 #include "util/files.h"
 
 namespace sqbox {
@@ -45,11 +46,15 @@ void die_with_supervisor(int lifeline_fd) {
 
 // Moves init into the sandbox's cgroup (if it has one) before the payload exists, then makes the
 // current cgroup the root of a fresh cgroup namespace: the payload sees "/" and nothing of the
-// host's tree.
-void enter_sandbox_cgroup(const std::vector<int>& join_fds) {
-    for (int fd : join_fds) {
-        if (!write_all(fd, "0", 1)) throw system_error("cannot move into the sandbox's cgroup");
-        (void)::close(fd);
+// host's tree. The launcher creates the cgroup meanwhile and sends its join files on `channel`.
+void enter_sandbox_cgroup(int channel) {
+    std::optional<FdMessage> message = receive_fd_message(channel);
+    if (!message) throw Error("sqbox's launcher went away");
+    if (message->tag == 'e') throw Error(message->text);
+    for (const UniqueFd& fd : message->fds) {
+        if (!write_all(fd.get(), "0", 1)) {
+            throw system_error("cannot move into the sandbox's cgroup");
+        }
     }
     if (::unshare(CLONE_NEWCGROUP) != 0) throw system_error("unshare(CLONE_NEWCGROUP)");
 }
@@ -128,14 +133,15 @@ void run_init(const InitContext& context) {
 
     StageReport report;
     try {
-        enter_sandbox_cgroup(plan.cgroup_join_fds);
+        enter_sandbox_cgroup(plan.channel_fd);
         SandboxPty terminal;
-        if (plan.tty_socket_fd >= 0) {
+        if (plan.config->tty) {
             terminal = open_sandbox_pty();
-            send_fd(plan.tty_socket_fd, terminal.master.get());
+            send_fd_message(plan.channel_fd, 't', {}, {terminal.master.get()},
+                            "--tty: cannot pass the terminal to sqbox");
             terminal.master.reset();
-            (void)::close(plan.tty_socket_fd);
         }
+        (void)::close(plan.channel_fd);
         Pipe exec_status = make_pipe("exec status");
         const auto started = Clock::now();
         pid_t payload = ::fork();

@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +23,7 @@
 #include "security/seccomp_choice.h"
 #include "sqbox/sandbox.h"
 #include "util/errors.h"
+#include "util/fd_passing.h"
 #include "util/files.h"
 
 namespace sqbox {
@@ -95,7 +97,6 @@ SandboxPlan make_plan(const SandboxConfig& config, const SandboxCgroup* cgroup) 
     plan.landlock_abi = landlock_abi_version();
     plan.rlimits = config.limits;
     if (cgroup != nullptr) {
-        plan.cgroup_join_fds = cgroup->join_fds();
         // The cgroup limits the whole sandbox; the per-process rlimits would only add surprises
         // (RLIMIT_AS counts reserved address space, not memory).
         if (cgroup->limits_memory()) plan.rlimits.memory_bytes.reset();
@@ -126,6 +127,29 @@ SandboxPlan make_plan(const SandboxConfig& config, const SandboxCgroup* cgroup) 
         }
     }
     return plan;
+}
+
+// Creates the sandbox's cgroup while the supervisor and init set the sandbox up, and sends init
+// the files that move it in. A failure goes to init as text: init reports it (one line, 125).
+void hand_over_cgroup(SandboxCgroup* cgroup, int channel) {
+    std::vector<int> join_fds;
+    char tag = 'c';
+    std::string error;
+    if (cgroup != nullptr) {
+        try {
+            cgroup->create();
+            join_fds = cgroup->join_fds();
+        } catch (const Error& e) {
+            tag = 'e';
+            error = e.what();
+            join_fds.clear();
+        }
+    }
+    try {
+        send_fd_message(channel, tag, error, join_fds, "cannot hand the cgroup to the sandbox");
+    } catch (const Error&) {
+        // The sandbox is already gone; its report says why.
+    }
 }
 
 // Restores SIGPIPE's disposition on scope exit; while relaying, a payload that closes its stdin
@@ -201,11 +225,18 @@ RunResult run_sandbox(const SandboxConfig& config) {
     try {
         ImageSource image = open_image(config.image);
         if (image.kind == ImageSource::Kind::kSquashfs) check_fuse_device();
-        std::optional<SandboxCgroup> cgroup = SandboxCgroup::create(config);
+        std::optional<SandboxCgroup> cgroup = SandboxCgroup::plan(config);
         const SandboxCgroup* cgroup_ptr = cgroup ? &*cgroup : nullptr;
         SandboxPlan plan = make_plan(config, cgroup_ptr);
         Pipe report_pipe = make_pipe("supervisor report");
-        StdioRelay relay(config.output_limit_bytes, config.tty);
+        int channel_pair[2];
+        if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, channel_pair) != 0) {
+            throw system_error("socketpair");
+        }
+        UniqueFd channel(channel_pair[0]);
+        UniqueFd init_channel(channel_pair[1]);
+        plan.channel_fd = init_channel.get();
+        StdioRelay relay(config.output_limit_bytes, config.tty, channel.get());
         std::optional<ScopedIgnoreSigpipe> ignore_sigpipe;
         if (relay.active()) ignore_sigpipe.emplace();
 
@@ -214,8 +245,8 @@ RunResult run_sandbox(const SandboxConfig& config) {
         pid_t pid = clone_process(CLONE_NEWUSER | CLONE_NEWNS, "the sandbox's user namespace");
         if (pid == 0) {
             report_pipe.read_end.reset();
+            channel.reset();
             if (relay.active()) {
-                plan.tty_socket_fd = relay.child_tty_socket();
                 plan.diagnostics_fd = relay.install_in_child();
                 set_diagnostics_fd(plan.diagnostics_fd);
             }
@@ -224,6 +255,8 @@ RunResult run_sandbox(const SandboxConfig& config) {
         ChildProcess supervisor(pid);
         report_pipe.write_end.reset();
         relay.close_child_ends();
+        init_channel.reset();
+        hand_over_cgroup(cgroup ? &*cgroup : nullptr, channel.get());
 
         const int supervisor_status = supervise(supervisor, relay);
         StageReport report;

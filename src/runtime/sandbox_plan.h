@@ -17,9 +17,11 @@ struct SandboxPlan {
     std::optional<SeccompFilter> seccomp;  // nullopt: --seccomp none
     int landlock_abi = 0;                  // 0: Landlock unavailable, not applied
     ResourceLimits rlimits;                // what the payload applies with setrlimit(2)
-    std::vector<int> cgroup_join_fds;      // init moves itself into the sandbox's cgroup(s)
     int diagnostics_fd = -1;               // where sqbox's own messages go (stderr when -1)
-    int tty_socket_fd = -1;                // --tty: init sends the terminal's master here
+    // Init's end of a SOCK_SEQPACKET channel to the launcher: init first receives the files that
+    // move it into the sandbox's cgroup ('c', or 'e' with an error), then with --tty sends the
+    // terminal's master ('t').
+    int channel_fd = -1;
 };
 
 }  // namespace sqbox

@@ -9,6 +9,7 @@
 #include <cerrno>
 
 #include "util/errors.h"
+#include "util/fd_passing.h"
 #include "util/files.h"
 
 namespace sqbox {
@@ -30,19 +31,14 @@ void StdioRelay::Channel::close_source() {
     owned_source.reset();
 }
 
-StdioRelay::StdioRelay(std::optional<uint64_t> output_limit, bool tty) : tty_(tty) {
+StdioRelay::StdioRelay(std::optional<uint64_t> output_limit, bool tty, int channel_fd) : tty_(tty) {
     output_.limit = output_limit;
     error_.limit = output_limit;
     output_.sink = STDOUT_FILENO;
     error_.sink = STDERR_FILENO;
     if (tty) {
         if (::isatty(STDIN_FILENO) != 1) throw Error("--tty: stdin is not a terminal");
-        int pair[2];
-        if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) {
-            throw system_error("--tty: socketpair");
-        }
-        tty_socket_.reset(pair[0]);
-        tty_socket_child_.reset(pair[1]);
+        channel_ = channel_fd;
         active_ = true;
         return;
     }
@@ -68,7 +64,6 @@ StdioRelay::StdioRelay(std::optional<uint64_t> output_limit, bool tty) : tty_(tt
 }
 
 int StdioRelay::install_in_child() {
-    tty_socket_.reset();
     int diagnostics = -1;
     if (sandbox_ends_[STDERR_FILENO]) diagnostics = ::fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 3);
     for (int fd = 0; fd < 3; ++fd) {
@@ -81,13 +76,15 @@ int StdioRelay::install_in_child() {
 
 void StdioRelay::close_child_ends() {
     for (auto& end : sandbox_ends_) end.reset();
-    tty_socket_child_.reset();
 }
 
 void StdioRelay::attach_terminal() {
-    master_ = receive_fd(tty_socket_.get());
-    tty_socket_.reset();
-    if (!master_) return;  // the sandbox ended before its terminal existed
+    std::optional<FdMessage> message = receive_fd_message(channel_);
+    channel_ = -1;
+    if (!message || message->tag != 't' || message->fds.size() != 1) {
+        return;  // the sandbox ended before its terminal existed
+    }
+    master_ = std::move(message->fds.front());
     set_nonblocking(master_.get());
     input_.source = STDIN_FILENO;
     input_.sink = master_.get();
@@ -104,7 +101,7 @@ void StdioRelay::resize() {
 }
 
 void StdioRelay::add_to_poll(std::vector<pollfd>& fds) const {
-    if (tty_socket_) fds.push_back({tty_socket_.get(), POLLIN, 0});
+    if (channel_ >= 0) fds.push_back({channel_, POLLIN, 0});
     for (const Channel* channel : {&input_, &output_, &error_}) {
         if (!channel->buffer.empty() && channel->sink_alive) {
             fds.push_back({channel->sink, POLLOUT, 0});
@@ -117,7 +114,7 @@ void StdioRelay::add_to_poll(std::vector<pollfd>& fds) const {
 void StdioRelay::handle_poll(const std::vector<pollfd>& fds) {
     for (const pollfd& entry : fds) {
         if (entry.revents == 0) continue;
-        if (tty_socket_ && entry.fd == tty_socket_.get()) {
+        if (channel_ >= 0 && entry.fd == channel_) {
             attach_terminal();
             continue;
         }

@@ -23,9 +23,10 @@ namespace sqbox {
 
 class StdioRelay {
   public:
-    // Decides which streams to relay and creates their pipes (or, with `tty`, the socket that
-    // will bring the sandbox terminal's master). Throws if `tty` but stdin is not a terminal.
-    StdioRelay(std::optional<uint64_t> output_limit, bool tty);
+    // Decides which streams to relay and creates their pipes. With `tty`, the sandbox terminal's
+    // master will arrive on `channel_fd` (see SandboxPlan::channel_fd); throws if `tty` but stdin
+    // is not a terminal.
+    StdioRelay(std::optional<uint64_t> output_limit, bool tty, int channel_fd);
     StdioRelay(const StdioRelay&) = delete;
     StdioRelay& operator=(const StdioRelay&) = delete;
 
@@ -36,8 +37,6 @@ class StdioRelay {
     int install_in_child();
     // In the launcher, once the child exists: drops the child's ends.
     void close_child_ends();
-    // With --tty: the socket init sends the terminal's master on (kept open in the child).
-    [[nodiscard]] int child_tty_socket() const { return tty_socket_child_.get(); }
     // SIGWINCH: the caller's window changed size.
     void resize();
 
@@ -82,10 +81,9 @@ class StdioRelay {
     Channel input_;   // the caller's stdin -> the sandbox
     Channel output_;  // the sandbox -> the caller's stdout (with --tty: the terminal's output)
     Channel error_;   // the sandbox -> the caller's stderr
-    UniqueFd sandbox_ends_[3];   // the child's fds 0-2, where relayed
-    UniqueFd tty_socket_;        // our end: the master arrives here
-    UniqueFd tty_socket_child_;  // the child's end
-    UniqueFd master_;            // the sandbox terminal's master, once received
+    UniqueFd sandbox_ends_[3];  // the child's fds 0-2, where relayed
+    int channel_ = -1;          // with --tty, until the master has arrived
+    UniqueFd master_;           // the sandbox terminal's master, once received
     std::optional<RawTerminal> raw_terminal_;
 };
 

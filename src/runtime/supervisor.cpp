@@ -63,9 +63,8 @@ void run_supervisor(const SupervisorContext& context) {
         // Out of the caller's process group: terminal signals reach only the launcher, which
         // forwards them exactly once.
         if (::setpgid(0, 0) != 0) throw system_error("setpgid");
-        std::vector<int> keep = plan.cgroup_join_fds;
-        keep.insert(keep.end(), {image.file.get(), context.report_fd});
-        for (int fd : {plan.diagnostics_fd, plan.tty_socket_fd}) {
+        std::vector<int> keep = {image.file.get(), context.report_fd};
+        for (int fd : {plan.diagnostics_fd, plan.channel_fd}) {
             if (fd >= 0) keep.push_back(fd);
         }
         close_other_fds(keep);
@@ -93,6 +92,7 @@ void run_supervisor(const SupervisorContext& context) {
             if (pid == 0) {
                 die_with_parent(self);
                 (void)::close(context.report_fd);
+                (void)::close(plan.channel_fd);
                 int status = serve_squashfs(image.squashfs.get(), fuse.get(),
                                             {ids.inside_uid, ids.inside_gid});
                 ::_exit(status == 0 ? 0 : kExitSqboxFailure);

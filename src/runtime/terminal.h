@@ -18,11 +18,6 @@ struct SandboxPty {
 // In init, after the pivot: a new pty from /dev/ptmx (the sandbox's devpts).
 SandboxPty open_sandbox_pty();
 
-// Passes `fd` over the Unix socket `socket_fd` (SCM_RIGHTS).
-void send_fd(int socket_fd, int fd);
-// Receives a descriptor sent by send_fd; an invalid UniqueFd if the peer closed without one.
-UniqueFd receive_fd(int socket_fd);
-
 // In the payload, after setsid(): makes `slave` the controlling terminal and fds 0-2.
 void adopt_terminal(int slave);
 

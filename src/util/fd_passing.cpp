@@ -1,0 +1,70 @@
+#include "util/fd_passing.h"
+
+#include <sys/socket.h>
+
+#include <cstring>
+
+#include "util/errors.h"
+
+namespace sqbox {
+namespace {
+
+constexpr size_t kMaxText = 1024;
+
+}  // namespace
+
+void send_fd_message(int socket_fd, char tag, std::string_view text, const std::vector<int>& fds,
+                     const std::string& what) {
+    if (fds.size() > kMaxPassedFds) throw Error(what + ": too many descriptors");
+    std::string data(1, tag);
+    data.append(text.substr(0, kMaxText));
+    iovec vector{data.data(), data.size()};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxPassedFds)] = {};
+    msghdr message{};
+    message.msg_iov = &vector;
+    message.msg_iovlen = 1;
+    if (!fds.empty()) {
+        message.msg_control = control;
+        message.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+        cmsghdr* header = CMSG_FIRSTHDR(&message);
+        header->cmsg_level = SOL_SOCKET;
+        header->cmsg_type = SCM_RIGHTS;
+        header->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+        std::memcpy(CMSG_DATA(header), fds.data(), sizeof(int) * fds.size());
+    }
+    if (::sendmsg(socket_fd, &message, MSG_NOSIGNAL) != static_cast<ssize_t>(data.size())) {
+        throw system_error(what);
+    }
+}
+
+std::optional<FdMessage> receive_fd_message(int socket_fd) {
+    char data[1 + kMaxText];
+    iovec vector{data, sizeof data};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxPassedFds)] = {};
+    msghdr message{};
+    message.msg_iov = &vector;
+    message.msg_iovlen = 1;
+    message.msg_control = control;
+    message.msg_controllen = sizeof control;
+    ssize_t n = -1;
+    do {
+        n = ::recvmsg(socket_fd, &message, MSG_CMSG_CLOEXEC);
+    } while (n < 0 && errno == EINTR);
+    if (n <= 0) return std::nullopt;
+    FdMessage received;
+    received.tag = data[0];
+    received.text.assign(data + 1, static_cast<size_t>(n) - 1);
+    for (cmsghdr* header = CMSG_FIRSTHDR(&message); header != nullptr;
+         header = CMSG_NXTHDR(&message, header)) {
+        if (header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_RIGHTS) continue;
+        const size_t count = (header->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < count; ++i) {
+            int fd = -1;
+            std::memcpy(&fd, CMSG_DATA(header) + i * sizeof(int), sizeof fd);
+            received.fds.emplace_back(fd);
+        }
+    }
+    return received;
+}
+
+}  // namespace sqbox
