@@ -129,6 +129,8 @@ std::string cpu_max(double cpus) {
 
 std::optional<SandboxCgroup> SandboxCgroup::plan(const SandboxConfig& config) {
     const ResourceLimits& limits = config.limits;
+    // An ordinary user without --cgroup never gets one: skip reading the mount table.
+    if (config.cgroup_parent.empty() && ::geteuid() != 0) return std::nullopt;
     const std::vector<MountEntry> mounts = read_mounts();
     SandboxCgroup cgroup;
     cgroup.limits_ = limits;
