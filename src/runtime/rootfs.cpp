@@ -74,15 +74,17 @@ void mount_fresh(int root_fd, const std::string& path, const char* fstype,
 // caller is root or with --root; otherwise uid 0 is unmapped and the defaults stay (see
 // SECURITY.md, "Limits of the model").
 void limit_ipc(int root_fd, uint64_t shared_memory_bytes) {
-    const uint64_t pages = std::max<uint64_t>(1, shared_memory_bytes / 4096);
-    try {
-        write_file_at(root_fd, "proc/sys/kernel/shmmax", std::to_string(shared_memory_bytes),
-                      O_NOFOLLOW);
-        write_file_at(root_fd, "proc/sys/kernel/shmall", std::to_string(pages), O_NOFOLLOW);
-        write_file_at(root_fd, "proc/sys/kernel/msgmni", "256", O_NOFOLLOW);
-    } catch (const Error& e) {
-        if (e.system_errno() != EACCES) throw;
+    // Checked first rather than caught: a thrown exception costs a noticeable part of a
+    // sandbox start the first time.
+    if (::faccessat(root_fd, "proc/sys/kernel/shmmax", W_OK, AT_EACCESS) != 0) {
+        if (errno == EACCES) return;
+        throw system_error("cannot check proc/sys/kernel/shmmax");
     }
+    const uint64_t pages = std::max<uint64_t>(1, shared_memory_bytes / 4096);
+    write_file_at(root_fd, "proc/sys/kernel/shmmax", std::to_string(shared_memory_bytes),
+                  O_NOFOLLOW);
+    write_file_at(root_fd, "proc/sys/kernel/shmall", std::to_string(pages), O_NOFOLLOW);
+    write_file_at(root_fd, "proc/sys/kernel/msgmni", "256", O_NOFOLLOW);
 }
 
 struct GeneratedFile {
