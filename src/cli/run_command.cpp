@@ -191,7 +191,7 @@ RunOptions build_run_options(const RunArguments& args) {
     if (!args.fsize.empty()) limits.file_size_bytes = size_limit(args.fsize, "--fsize");
     if (!args.nofile.empty()) limits.open_files = count_limit(args.nofile, "--nofile");
     if (!args.cpus.empty()) {
-        limits.cpus = parse_seconds(args.cpus, "--cpus");  // same grammar: a positive decimal
+        limits.cpus = parse_cpus(args.cpus, "--cpus");
     }
     if (!args.cgroup.empty()) config.cgroup_parent = canonical_host_path(args.cgroup, "--cgroup");
     if (args.seccomp.empty()) throw Error("--seccomp: empty profile name");

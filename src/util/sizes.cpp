@@ -84,21 +84,35 @@ uint64_t parse_count(const std::string& text, const std::string& option) {
     return value;
 }
 
-double parse_seconds(const std::string& text, const std::string& option) {
-    constexpr const char* kExpected = "a positive number of seconds";
+namespace {
+
+// A positive decimal, optionally followed by `suffix`; `expected` names it in the error.
+double parse_positive_decimal(const std::string& text, const std::string& option,
+                              std::string_view suffix, const char* expected, double maximum) {
     size_t used = 0;
     double value = 0;
     try {
         value = std::stod(text, &used);
     } catch (const std::exception&) {
-        throw bad_value(option, text, kExpected);
+        throw bad_value(option, text, expected);
     }
     std::string_view rest = std::string_view(text).substr(used);
-    if (rest == "s") rest = {};
-    if (!rest.empty() || !std::isfinite(value) || value <= 0 || value > 1e9) {
-        throw bad_value(option, text, kExpected);
+    if (!suffix.empty() && rest == suffix) rest = {};
+    if (!rest.empty() || !std::isfinite(value) || value <= 0 || value > maximum) {
+        throw bad_value(option, text, expected);
     }
     return value;
+}
+
+}  // namespace
+
+double parse_cpus(const std::string& text, const std::string& option) {
+    return parse_positive_decimal(text, option, "", "a positive number of CPUs, such as 0.5 or 2",
+                                  4096);
+}
+
+double parse_seconds(const std::string& text, const std::string& option) {
+    return parse_positive_decimal(text, option, "s", "a positive number of seconds", 1e9);
 }
 
 }  // namespace sqbox

@@ -16,4 +16,7 @@ uint64_t parse_count(const std::string& text, const std::string& option);
 // Positive seconds, fractional allowed ("2.5"); throws Error naming `option` otherwise.
 double parse_seconds(const std::string& text, const std::string& option);
 
+// A positive number of CPUs, fractional allowed ("0.5"); throws Error naming `option` otherwise.
+double parse_cpus(const std::string& text, const std::string& option);
+
 }  // namespace sqbox
