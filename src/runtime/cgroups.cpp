@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -51,8 +52,8 @@ std::vector<MountEntry> read_mounts() {
     return mounts;
 }
 
-// The caller's cgroup path in the v2 hierarchy ("0::PATH") or in the v1 hierarchy holding
-// `controller` ("N:a,b:PATH"), from /proc/self/cgroup.
+// The caller's cgroup path in the v1 hierarchy holding `controller` ("N:a,b:PATH"), from
+// /proc/self/cgroup.
 std::optional<std::string> own_cgroup_path(const std::string& controller) {
     std::ifstream in("/proc/self/cgroup");
     std::string line;
@@ -62,9 +63,7 @@ std::optional<std::string> own_cgroup_path(const std::string& controller) {
         if (first == std::string::npos || second == std::string::npos) continue;
         std::string controllers = line.substr(first + 1, second - first - 1);
         std::string path = line.substr(second + 1);
-        if (controller.empty()
-                ? controllers.empty()
-                : ("," + controllers + ",").find("," + controller + ",") != std::string::npos) {
+        if (("," + controllers + ",").find("," + controller + ",") != std::string::npos) {
             return path;
         }
     }
@@ -80,11 +79,16 @@ bool has_words(const std::string& list, std::initializer_list<const char*> words
     return true;
 }
 
+// A cgroup file's contents without the trailing newline; empty if it cannot be read.
 std::string read_text(const std::string& path) {
     UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
     if (!fd) return {};
     try {
-        return read_all(fd.get(), path);
+        std::string text = read_all(fd.get(), path);
+        while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) {
+            text.pop_back();
+        }
+        return text;
     } catch (const Error&) {
         return {};
     }
@@ -201,8 +205,6 @@ std::optional<SandboxCgroup> SandboxCgroup::plan(const SandboxConfig& config) {
     } else {
         return std::nullopt;
     }
-    cgroup.memory_ = limits.memory_bytes.has_value();
-    cgroup.pids_ = limits.processes.has_value();
     return cgroup;
 }
 

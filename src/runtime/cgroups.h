@@ -41,8 +41,8 @@ class SandboxCgroup {
 
     // "cgroup-v2" or "cgroup-v1", for reports.
     [[nodiscard]] const std::string& mechanism() const { return mechanism_; }
-    [[nodiscard]] bool limits_memory() const { return memory_; }
-    [[nodiscard]] bool limits_processes() const { return pids_; }
+    [[nodiscard]] bool limits_memory() const { return limits_.memory_bytes.has_value(); }
+    [[nodiscard]] bool limits_processes() const { return limits_.processes.has_value(); }
     [[nodiscard]] bool limits_cpu() const { return cpu_; }
     // Writing "0" to each of these moves the calling (single-threaded) process in. In v1 they
     // are "tasks" files: moving one thread that way skips the global lock whose RCU grace period
@@ -65,9 +65,7 @@ class SandboxCgroup {
     std::string mechanism_;
     std::vector<Directory> directories_;
     std::string memory_dir_;  // where memory.events (v2) or memory.oom_control (v1) lives
-    bool memory_ = false;
-    bool pids_ = false;
-    bool cpu_ = false;
+    bool cpu_ = false;        // v2: --cpus was given; v1: also a cpu hierarchy was found
 };
 
 }  // namespace sqbox

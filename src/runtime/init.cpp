@@ -135,7 +135,7 @@ void run_init(const InitContext& context) {
     try {
         enter_sandbox_cgroup(plan.channel_fd);
         SandboxPty terminal;
-        if (plan.config->tty) {
+        if (config.tty) {
             terminal = open_sandbox_pty();
             send_fd_message(plan.channel_fd, 't', {}, {terminal.master.get()},
                             "--tty: cannot pass the terminal to sqbox");

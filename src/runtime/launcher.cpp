@@ -10,8 +10,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cmath>
-
 #include "image/image_source.h"
 #include "runtime/cgroups.h"
 #include "runtime/process.h"
@@ -226,7 +224,7 @@ RunResult run_sandbox(const SandboxConfig& config) {
         ImageSource image = open_image(config.image);
         if (image.kind == ImageSource::Kind::kSquashfs) check_fuse_device();
         std::optional<SandboxCgroup> cgroup = SandboxCgroup::plan(config);
-        const SandboxCgroup* cgroup_ptr = cgroup ? &*cgroup : nullptr;
+        SandboxCgroup* cgroup_ptr = cgroup ? &*cgroup : nullptr;
         SandboxPlan plan = make_plan(config, cgroup_ptr);
         Pipe report_pipe = make_pipe("supervisor report");
         int channel_pair[2];
@@ -256,7 +254,7 @@ RunResult run_sandbox(const SandboxConfig& config) {
         report_pipe.write_end.reset();
         relay.close_child_ends();
         init_channel.reset();
-        hand_over_cgroup(cgroup ? &*cgroup : nullptr, channel.get());
+        hand_over_cgroup(cgroup_ptr, channel.get());
 
         const int supervisor_status = supervise(supervisor, relay);
         StageReport report;

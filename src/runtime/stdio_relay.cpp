@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <limits.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,7 +30,7 @@ void StdioRelay::Channel::close_source() {
     owned_source.reset();
 }
 
-StdioRelay::StdioRelay(std::optional<uint64_t> output_limit, bool tty, int channel_fd) : tty_(tty) {
+StdioRelay::StdioRelay(std::optional<uint64_t> output_limit, bool tty, int channel_fd) {
     output_.limit = output_limit;
     error_.limit = output_limit;
     output_.sink = STDOUT_FILENO;

@@ -77,7 +77,6 @@ class StdioRelay {
     void attach_terminal();
 
     bool active_ = false;
-    bool tty_ = false;
     Channel input_;   // the caller's stdin -> the sandbox
     Channel output_;  // the sandbox -> the caller's stdout (with --tty: the terminal's output)
     Channel error_;   // the sandbox -> the caller's stderr

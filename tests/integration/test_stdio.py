@@ -156,3 +156,16 @@ def test_sigterm_is_handled_while_terminal_input_piles_up(sqbox_bin, busybox_ima
     finally:
         os.close(master)
         os.close(slave)
+
+
+def test_relayed_payload_holds_no_descriptor_but_stdio(sqbox_bin, busybox_image):
+    """When sqbox relays stdio (--output-limit, --tty) it keeps the caller's real stderr for its
+    own messages; that descriptor, and the relay's other ends, stay out of the payload."""
+    result = subprocess.run([sqbox_bin, "run", "--output-limit", "1M", busybox_image, "--",
+                             "ls", "/proc/self/fd"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["0", "1", "2", "3"]  # 3: ls's own listing of the directory
+    status, output, _ = _run_on_a_terminal(
+        [sqbox_bin, "run", "--tty", busybox_image, "--", "ls", "/proc/self/fd"])
+    assert status == 0, output
+    assert output.replace("\r", "").split()[-4:] == ["0", "1", "2", "3"]

@@ -61,6 +61,14 @@ SeccompFilter compiled_builtin(const std::string& name) {
                                   SeccompTarget{});
 }
 
+// Docker's profile compiled for a payload without capabilities on kernel MAJOR.MINOR.
+SeccompFilter compiled_docker(const std::string& text, unsigned major, unsigned minor) {
+    SeccompTarget target;
+    target.kernel_major = major;
+    target.kernel_minor = minor;
+    return compile_seccomp_filter(parse_seccomp_profile(text, "docker.json"), target);
+}
+
 uint32_t answer(const SeccompFilter& filter, int nr, std::array<uint64_t, 6> args = {},
                 uint32_t arch = AUDIT_ARCH_X86_64) {
     return evaluate_seccomp(filter.program, SyscallCall{nr, arch, args});
@@ -98,11 +106,7 @@ TEST(SeccompProfile, UnknownSyscallNamesAreSkippedAndReportedWithTheirLine) {
 
 TEST(SeccompProfile, DockersDefaultProfileLoadsUnchangedAndIsEvaluatedWithoutCapabilities) {
     REQUIRE_DOCKER_PROFILE(text);
-    SeccompTarget target;
-    target.kernel_major = 6;
-    target.kernel_minor = 1;
-    SeccompFilter filter =
-        compile_seccomp_filter(parse_seccomp_profile(text, "docker.json"), target);
+    SeccompFilter filter = compiled_docker(text, 6, 1);
     EXPECT_EQ(answer(filter, SYS_read), kAllow);
     EXPECT_EQ(answer(filter, SYS_ptrace), kAllow);  // includes.minKernel 4.8 holds
     // includes.caps CAP_SYS_ADMIN: not held, so these stay at the default (EPERM).
@@ -115,10 +119,7 @@ TEST(SeccompProfile, DockersDefaultProfileLoadsUnchangedAndIsEvaluatedWithoutCap
     // Its archMap lets 32-bit calls through to their own rules.
     EXPECT_EQ(answer(filter, 20 /* i386 getpid */, {}, AUDIT_ARCH_I386), kAllow);
 
-    target.kernel_major = 4;
-    target.kernel_minor = 4;
-    SeccompFilter old_kernel =
-        compile_seccomp_filter(parse_seccomp_profile(text, "docker.json"), target);
+    SeccompFilter old_kernel = compiled_docker(text, 4, 4);
     EXPECT_EQ(answer(old_kernel, SYS_ptrace), errno_result(EPERM));
 }
 
@@ -212,11 +213,7 @@ TEST(SeccompProfile, StrictAlsoDeniesNetworkAndPtrace) {
 // nothing it allows may be refused by Docker's profile.
 TEST(SeccompProfile, DefaultIsAtLeastAsTightAsDockers) {
     REQUIRE_DOCKER_PROFILE(text);
-    SeccompTarget target;
-    target.kernel_major = 6;
-    target.kernel_minor = 1;
-    SeccompFilter docker =
-        compile_seccomp_filter(parse_seccomp_profile(text, "docker.json"), target);
+    SeccompFilter docker = compiled_docker(text, 6, 1);
     SeccompFilter ours = compiled_builtin("default");
     const std::array<std::array<uint64_t, 6>, 6> argument_sets = {{
         {},
