@@ -15,10 +15,34 @@ namespace sqbox {
 inline constexpr uint64_t kMiB = 1024ULL * 1024ULL;
 inline constexpr uint64_t kGiB = 1024ULL * kMiB;
 
-struct BindMount {
-    std::string source;       // absolute, symlink-free host path (the front end canonicalises it)
+// One mount on top of the sandbox's root, from `--mount`, the image's /etc/fstab or an enroot
+// configuration. sqbox always adds nosuid and nodev.
+struct MountSpec {
+    enum class Kind {
+        kBind,    // a tree from the host or from the sandbox itself
+        kTmpfs,   // a fresh tmpfs
+        kMove,    // move the mount at `source` (in the sandbox) to `destination` (enroot x-move)
+        kDetach,  // detach the mount at `destination` (enroot x-detach)
+    };
+    enum class SourceIn { kHost, kSandbox };
+    // How a missing mount point is created (enroot x-create): kAuto follows the source's kind.
+    enum class Create { kNever, kDirectory, kFile, kAuto };
+
+    Kind kind = Kind::kBind;
+    SourceIn source_in = SourceIn::kHost;
+    // kBind from the host: absolute, symlink-free host path (the front end canonicalises it);
+    // from the sandbox, or kMove: absolute path inside the sandbox.
+    std::string source;
     std::string destination;  // absolute path inside the sandbox
     bool read_only = false;
+    bool no_exec = false;
+    bool recursive = true;
+    Create create = Create::kAuto;
+    // Filesystem options of a tmpfs (size, mode, ...); sqbox's caps apply where none is given.
+    std::vector<std::pair<std::string, std::string>> filesystem_options;
+    bool optional = false;  // fstab "nofail": a failure is a warning, the mount is skipped
+    int pass = 0;           // fstab fs_passno: mounts happen in increasing order of it (stable)
+    std::string origin;     // where it came from, for messages ("--mount a:b", "/etc/fstab line 3")
 };
 
 // Resource limits of one sandbox. Every run has the defaults below (documented in SECURITY.md:
@@ -35,15 +59,29 @@ struct ResourceLimits {
 
 struct SandboxConfig {
     std::string image;                 // a .sqsh file or a root filesystem directory
-    std::vector<std::string> command;  // argv of the payload; never empty
-    std::vector<BindMount> mounts;
+    // argv of the payload; never empty with Entrypoint::kCommand, may be empty with kEnrootRc.
+    std::vector<std::string> command;
+    std::vector<MountSpec> mounts;
+    // Apply the image's /etc/fstab (its entries may not name host paths).
+    bool image_fstab = true;
     // Variables set on top of the image's /etc/environment, in order (later wins).
     std::vector<std::pair<std::string, std::string>> environment;
+    // Where ${VAR} in the image's /etc/environment and /etc/fstab is looked up: nullopt means the
+    // sandbox's own variables (sqbox run: nothing of the caller's leaks in); the enroot front end
+    // passes the caller's environment, as enroot does.
+    std::optional<std::vector<std::pair<std::string, std::string>>> substitution_environment;
     std::string workdir = "/";
+    // If `workdir` is missing in the image, start in "/" instead of failing (enroot's login
+    // behaviour for a HOME the image lacks).
+    bool workdir_optional = false;
     std::string hostname = "sandbox";
 
     bool map_root = false;        // caller appears as uid/gid 0 inside (enroot --root)
-    bool read_only_root = false;  // no overlay: read-only root with a writable /tmp
+    bool read_only_root = false;  // read-only root with a writable /tmp
+    // A host directory holding the persistent writable layer of the root ("upper" and "work"
+    // inside; an enroot container). Empty: the layer is a tmpfs that vanishes at exit. With
+    // read_only_root, the layer is shown read-only and nothing is written to it.
+    std::string persistent_layer;
     uint64_t tmpfs_size_bytes =
         kGiB;  // cap of each writable tmpfs (root upper layer, /tmp, /dev/shm)
 
@@ -64,6 +102,17 @@ struct SandboxConfig {
     // Identity of the caller outside, mapped into the sandbox's user namespace.
     uid_t outside_uid = 0;
     gid_t outside_gid = 0;
+
+    // How the command starts: directly (execvp), or as enroot starts a container: the image's
+    // /etc/rc (or rc_script) run by its shell with the command as arguments.
+    enum class Entrypoint { kCommand, kEnrootRc };
+    Entrypoint entrypoint = Entrypoint::kCommand;
+    std::optional<std::string> rc_script;  // contents of enroot's --rc / rc(), replacing /etc/rc
+    bool login_shell = true;                // ENROOT_LOGIN_SHELL: the shell runs as a login shell
+
+    // Instead of running a command: write the root's layers (image plus persistent layer) to a
+    // new squashfs image at this absolute host path (enroot export).
+    std::string export_image_path;
 
     bool verbose = false;
 };

@@ -2,8 +2,10 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <csignal>
+#include <filesystem>
 #include <iostream>
 
+#include "cli/enroot_command.h"
 #include "cli/run_command.h"
 #include "cli/seccomp_command.h"
 #include "util/errors.h"
@@ -76,6 +78,15 @@ int main(int argc, char** argv) {
     // An inherited "ignore SIGCHLD" would make the kernel reap our children before we can.
     (void)std::signal(SIGCHLD, SIG_DFL);
     try {
+        // Installed as "enroot" (a symlink on PATH) or asked for: enroot's command line.
+        const std::string name = argc > 0 ? std::filesystem::path(argv[0]).filename().string() : "";
+        if (name == "enroot") {
+            return sqbox::cli::enroot_main(name, std::vector<std::string>(argv + 1, argv + argc));
+        }
+        if (argc > 1 && std::string(argv[1]) == "enroot") {
+            return sqbox::cli::enroot_main("sqbox enroot",
+                                           std::vector<std::string>(argv + 2, argv + argc));
+        }
         return run_main(argc, argv);
     } catch (const std::exception& e) {
         sqbox::print_error(std::string("internal error: ") + e.what());

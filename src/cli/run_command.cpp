@@ -132,12 +132,13 @@ size_t find_image_argument(const CLI::App& run, const std::vector<std::string>& 
     return args.size();
 }
 
-BindMount parse_mount_option(const std::string& value) {
+MountSpec parse_mount_option(const std::string& value) {
     const std::string what = "--mount " + value;
     size_t first = value.find(':');
     if (first == std::string::npos) throw Error(what + ": expected SRC:DST[:ro|rw]");
     size_t second = value.find(':', first + 1);
-    BindMount mount;
+    MountSpec mount;
+    mount.origin = what;
     std::string source = value.substr(0, first);
     std::string destination = value.substr(
         first + 1, second == std::string::npos ? std::string::npos : second - first - 1);

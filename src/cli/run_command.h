@@ -56,7 +56,7 @@ size_t find_image_argument(const CLI::App& run, const std::vector<std::string>& 
 RunOptions build_run_options(const RunArguments& args);
 
 // Parses one --mount value "SRC:DST[:ro|rw]"; SRC must exist (it is canonicalised).
-BindMount parse_mount_option(const std::string& value);
+MountSpec parse_mount_option(const std::string& value);
 
 // Runs the sandbox and writes --json; returns sqbox's exit status.
 int execute_run(const RunOptions& options);

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <csignal>
 
+#include "image/squashfs_writer.h"
 #include "runtime/mounts.h"
 #include "runtime/network.h"
 #include "runtime/payload.h"
@@ -121,11 +122,26 @@ StageReport supervise_payload(pid_t payload) {
 
 }  // namespace
 
+// enroot export: the merged layers, as the sandbox would see them at its root, packed into a new
+// image on the host. Nothing runs from the image.
+[[noreturn]] void export_root(const InitContext& context, const SandboxConfig& config) {
+    try {
+        PreparedRoot root = mount_root_layers(config);
+        write_squashfs_image(root.root.get(), std::string(kOldRootDir) + config.export_image_path,
+                             {});
+    } catch (const Error& e) {
+        fail_stage(context.report_fd, kExitSqboxFailure, e.what());
+    }
+    send_report(context.report_fd, StageReport{});
+    ::_exit(0);
+}
+
 void run_init(const InitContext& context) {
     const SandboxPlan& plan = *context.plan;
     const SandboxConfig& config = *plan.config;
     try {
         die_with_supervisor(context.lifeline_fd);
+        if (!config.export_image_path.empty()) export_root(context, config);
         prepare_sandbox(config);
     } catch (const Error& e) {
         fail_stage(context.report_fd, kExitSqboxFailure, e.what());

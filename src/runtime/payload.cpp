@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "runtime/capabilities.h"
+#include "runtime/enroot_entrypoint.h"
 #include "runtime/limits.h"
 #include "runtime/stage_report.h"
 #include "runtime/terminal.h"
@@ -85,9 +86,12 @@ EnvironmentEntries build_payload_environment(const SandboxConfig& config,
         {"HOME", config.map_root ? "/root" : "/tmp"},
         {"TERM", "xterm"},
     };
-    auto lookup = [&env](const std::string& name) -> std::optional<std::string> {
-        for (const auto& [key, value] : env) {
-            if (key == name) return value;
+    // enroot substitutes from the caller's environment; sqbox run only from the sandbox's own.
+    const EnvironmentEntries& variables =
+        config.substitution_environment ? *config.substitution_environment : env;
+    auto lookup = [&variables](const std::string& name) -> std::optional<std::string> {
+        for (auto it = variables.rbegin(); it != variables.rend(); ++it) {
+            if (it->first == name) return it->second;
         }
         return std::nullopt;
     };
@@ -107,6 +111,7 @@ EnvironmentEntries build_payload_environment(const SandboxConfig& config,
 
 void exec_payload(const SandboxPlan& plan, int status_fd, int terminal_fd) {
     const SandboxConfig& config = *plan.config;
+    UniqueFd rc_fd;
     try {
         reset_signals();
         if (::setsid() < 0) throw system_error("setsid");
@@ -120,7 +125,10 @@ void exec_payload(const SandboxPlan& plan, int status_fd, int terminal_fd) {
             }
         }
         if (::chdir(config.workdir.c_str()) != 0) {
-            throw system_error("--workdir " + config.workdir);
+            const bool missing = errno == ENOENT || errno == ENOTDIR;
+            if (!(config.workdir_optional && missing && ::chdir("/") == 0)) {
+                throw system_error("--workdir " + config.workdir);
+            }
         }
         apply_resource_limits(plan.rlimits);
         drop_all_privileges();
@@ -130,24 +138,36 @@ void exec_payload(const SandboxPlan& plan, int status_fd, int terminal_fd) {
         if (::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) != 0) {
             throw system_error("close_range");
         }
+        rc_fd = make_rc_descriptor(config);
         // Last, so that everything above may use calls the profile denies.
         if (plan.seccomp) install_seccomp_filter(*plan.seccomp);
     } catch (const Error& e) {
         fail_stage(status_fd, kExitSqboxFailure, e.what());
     }
 
+    std::vector<std::string> words = config.command;
+    if (config.entrypoint == SandboxConfig::Entrypoint::kEnrootRc) {
+        try {
+            words = enroot_start_command(config, rc_fd.get());
+        } catch (const Error& e) {
+            fail_stage(status_fd, kExitSqboxFailure, e.what());
+        }
+    }
     std::vector<char*> argv;
-    argv.reserve(config.command.size() + 1);
-    for (const auto& arg : config.command) argv.push_back(const_cast<char*>(arg.c_str()));
+    argv.reserve(words.size() + 1);
+    for (const auto& word : words) argv.push_back(const_cast<char*>(word.c_str()));
     argv.push_back(nullptr);
-    ::execvp(argv[0], argv.data());
+    // A login shell's argv[0] is "-sh": the file to run is the shell itself.
+    const std::string& program =
+        config.entrypoint == SandboxConfig::Entrypoint::kEnrootRc ? enroot_shell() : words[0];
+    ::execvp(program.c_str(), argv.data());
 
     const int err = errno;
     if (err == ENOENT) {
-        fail_stage(status_fd, kExitNotFound, config.command[0] + ": command not found");
+        fail_stage(status_fd, kExitNotFound, program + ": command not found");
     }
     fail_stage(status_fd, kExitNotExecutable,
-               config.command[0] + ": cannot execute: " + std::strerror(err));
+               program + ": cannot execute: " + std::strerror(err));
 }
 
 }  // namespace sqbox

@@ -44,9 +44,10 @@ UniqueFd resolve_in_root(int root_fd, const std::string& path, EntryKind last_ki
         walked += "/" + name;
         const bool last = i + 1 == parts.size();
         const bool want_dir = !last || last_kind == EntryKind::kDirectory;
+        const bool any_kind = last && last_kind == EntryKind::kAny;
 
         UniqueFd next = open_component(current.get(), name);
-        if (!next && errno == ENOENT && create) {
+        if (!next && errno == ENOENT && create && !any_kind) {
             int rc = 0;
             if (want_dir) {
                 rc = ::mkdirat(current.get(), name.c_str(), 0755);
@@ -68,10 +69,11 @@ UniqueFd resolve_in_root(int root_fd, const std::string& path, EntryKind last_ki
             throw Error(what + ": " + walked +
                         " is a symlink in the sandbox; refusing to follow it");
         }
-        if (want_dir && !S_ISDIR(st.st_mode)) {
+        if (any_kind) {
+            // the caller takes whatever is there
+        } else if (want_dir && !S_ISDIR(st.st_mode)) {
             throw Error(what + ": " + walked + " is not a directory in the sandbox");
-        }
-        if (!want_dir && S_ISDIR(st.st_mode)) {
+        } else if (!want_dir && S_ISDIR(st.st_mode)) {
             throw Error(what + ": " + walked + " is a directory in the sandbox");
         }
         current = std::move(next);

@@ -9,7 +9,8 @@
 
 namespace sqbox {
 
-enum class EntryKind { kDirectory, kFile };
+// kAny: whatever exists there (never created).
+enum class EntryKind { kDirectory, kFile, kAny };
 
 // Returns an O_PATH fd for `path` (absolute, inside the root) resolved component by component
 // below `root_fd`. Missing components are created when `create` is true: directories, and the last

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "runtime/devices.h"
+#include "runtime/mount_table.h"
 #include "runtime/mounts.h"
 #include "runtime/proc_masks.h"
 #include "runtime/rooted_path.h"
@@ -25,13 +26,15 @@ UniqueFd open_directory(const std::string& path) {
     return fd;
 }
 
-// The overlay: image below, a fresh tmpfs above. Returns false if the kernel refuses overlayfs to
-// this user (then the caller falls back to a read-only root).
-bool mount_overlay(const std::string& target) {
+// The overlay: the image (and a container's persistent layer, when it is only shown) below, a
+// writable layer above: the sandbox's tmpfs, or a container's persistent layer. Returns false if
+// the kernel refuses overlayfs to this user (then the caller falls back to a read-only root).
+bool mount_overlay(const std::string& target, const std::string& lower,
+                   const std::string& layer_dir) {
     auto try_mount = [&](bool user_xattr) -> int {
-        MountOptions options = {{"lowerdir", kImageDir},
-                                {"upperdir", std::string(kSandboxDir) + "/upper"},
-                                {"workdir", std::string(kSandboxDir) + "/work"}};
+        MountOptions options = {{"lowerdir", lower},
+                                {"upperdir", layer_dir + "/upper"},
+                                {"workdir", layer_dir + "/work"}};
         // user.* xattrs: trusted.* are not writable from a user namespace.
         if (user_xattr) options.emplace_back("userxattr", "");
         try {
@@ -110,13 +113,14 @@ bool write_into_root(int root_fd, const GeneratedFile& file) {
     }
 }
 
-// Bind-mounts a staged copy over an existing regular file; skipped where the image has none (or
-// has a symlink there): a read-only root cannot gain new files.
-void bind_over_root(int root_fd, const GeneratedFile& file) {
+// Bind-mounts a staged copy over a regular file, created first when `create` (a persistent
+// layer keeps only that empty mount point, as enroot's x-create=file does). Skipped where the
+// image has none and none may be created, or has a symlink there.
+void bind_over_root(int root_fd, const GeneratedFile& file, bool create) {
     const std::string path = std::string("/etc/") + file.name;
     UniqueFd target;
     try {
-        target = resolve_in_root(root_fd, path, EntryKind::kFile, false, path);
+        target = resolve_in_root(root_fd, path, EntryKind::kFile, create, path);
     } catch (const Error&) {
         return;
     }
@@ -130,26 +134,14 @@ void bind_over_root(int root_fd, const GeneratedFile& file) {
     attach_mount(tree.get(), target.get(), path);
 }
 
-void install_etc_files(int root_fd, bool writable, const std::vector<GeneratedFile>& files) {
+// Into a throwaway layer the files are written; over a persistent one (whose contents outlive
+// the sandbox) or a read-only root they are bind-mounted.
+void install_etc_files(int root_fd, bool writable, bool persistent,
+                       const std::vector<GeneratedFile>& files) {
     for (const auto& file : files) {
-        if (!writable || !write_into_root(root_fd, file)) bind_over_root(root_fd, file);
-    }
-}
-
-void mount_user_binds(int root_fd, const std::vector<BindMount>& mounts) {
-    for (const auto& bind : mounts) {
-        const std::string what = "--mount " + bind.source + ":" + bind.destination;
-        UniqueFd tree =
-            clone_mount_tree(AT_FDCWD, std::string(kOldRootDir) + bind.source, true, what);
-        uint64_t attributes = MountAttr::kNoSuid | MountAttr::kNoDev;
-        if (bind.read_only) attributes |= MountAttr::kReadOnly;
-        set_mount_attributes(tree.get(), attributes, 0, true, what);
-
-        struct stat st {};
-        if (::fstat(tree.get(), &st) != 0) throw system_error(what);
-        EntryKind kind = S_ISDIR(st.st_mode) ? EntryKind::kDirectory : EntryKind::kFile;
-        UniqueFd target = resolve_in_root(root_fd, bind.destination, kind, true, what);
-        attach_mount(tree.get(), target.get(), what);
+        if (persistent || !writable || !write_into_root(root_fd, file)) {
+            bind_over_root(root_fd, file, writable);
+        }
     }
 }
 
@@ -202,7 +194,7 @@ void mount_image(const ImageSource& image, int fuse_fd, const IdMapping& ids) {
     attach_mount_at(fs.get(), kImageDir, "image " + image.path);
 }
 
-PreparedRoot assemble_rootfs(const SandboxConfig& config) {
+PreparedRoot mount_root_layers(const SandboxConfig& config) {
     // Everything writable for this sandbox lives in one size-capped tmpfs.
     UniqueFd sandbox_fs =
         create_filesystem("tmpfs", writable_tmpfs_options(config.tmpfs_size_bytes, "0755"),
@@ -214,15 +206,40 @@ PreparedRoot assemble_rootfs(const SandboxConfig& config) {
     }
     attach_mount_at(sandbox_fs.get(), kSandboxDir, "sandbox tmpfs");
 
+    // The root is assembled writable, so mount points can be created in it, and sealed read-only
+    // at the end when asked. A container's persistent layer takes the writes only with
+    // --rw-style access; otherwise it is one more read-only layer under the throwaway one.
     const std::string root_path = std::string(kSandboxDir) + "/root";
+    const bool persistent = !config.persistent_layer.empty() && !config.read_only_root;
+    std::string lower = kImageDir;
+    std::string layer_dir = kSandboxDir;
+    if (!config.persistent_layer.empty()) {
+        const std::string host_layer = std::string(kOldRootDir) + config.persistent_layer;
+        if (persistent) {
+            layer_dir = host_layer;
+        } else {
+            lower = host_layer + "/upper:" + lower;
+        }
+    }
     PreparedRoot prepared;
-    prepared.writable = !config.read_only_root && mount_overlay(root_path);
-    if (!prepared.writable) bind_read_only_image(root_path);
+    prepared.writable = mount_overlay(root_path, lower, layer_dir);
+    if (!prepared.writable) {
+        if (!config.persistent_layer.empty()) {
+            throw Error("a container's persistent layer needs overlayfs, which is not permitted here");
+        }
+        bind_read_only_image(root_path);
+    }
     prepared.root = open_directory(root_path);
+    return prepared;
+}
+
+PreparedRoot assemble_rootfs(const SandboxConfig& config) {
+    PreparedRoot prepared = mount_root_layers(config);
+    const bool persistent = !config.persistent_layer.empty() && !config.read_only_root;
     const int root = prepared.root.get();
     const bool create = prepared.writable;
 
-    // Order matters: system mounts first, user binds last so they may sit on top of them.
+    // Order matters: system mounts first, the mount table last so it may sit on top of them.
     mount_fresh(root, "/proc", "proc", {},
                 MountAttr::kNoSuid | MountAttr::kNoDev | MountAttr::kNoExec, create);
     mount_devices(root, create, config.tmpfs_size_bytes);
@@ -233,12 +250,16 @@ PreparedRoot assemble_rootfs(const SandboxConfig& config) {
     mask_proc(root, config.outside_uid == 0);
     mount_fresh(root, "/tmp", "tmpfs", writable_tmpfs_options(config.tmpfs_size_bytes, "1777"),
                 MountAttr::kNoSuid | MountAttr::kNoDev, create);
-    install_etc_files(root, prepared.writable,
+    install_etc_files(root, prepared.writable, persistent,
                       {{"hostname", config.hostname + "\n"},
                        {"hosts", "127.0.0.1\tlocalhost " + config.hostname +
                                      "\n::1\tlocalhost ip6-localhost ip6-loopback\n"},
                        {"resolv.conf", "# sqbox: no network but loopback in this sandbox\n"}});
-    mount_user_binds(root, config.mounts);
+    apply_mount_table(root, config, create);
+    if (config.read_only_root && prepared.writable) {
+        set_mount_attributes(root, MountAttr::kReadOnly, 0, false, "read-only root");
+        prepared.writable = false;
+    }
     return prepared;
 }
 

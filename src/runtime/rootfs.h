@@ -31,6 +31,10 @@ struct PreparedRoot {
     bool writable = false;  // overlay (true) or read-only bind of the image (false)
 };
 
+// Init: mounts the root's layers only (image, a container's layer, the writable layer) under
+// /sandbox/root, with nothing mounted on top.
+PreparedRoot mount_root_layers(const SandboxConfig& config);
+
 // Init: builds the complete root described by `config` under /sandbox/root. Must run in the
 // sandbox's own mount and pid namespaces (for /proc). Prints a warning and falls back to a
 // read-only root when overlayfs is not permitted.

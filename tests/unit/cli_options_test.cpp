@@ -30,7 +30,7 @@ TEST(MountOption, ParsesModesAndCanonicalisesTheSource) {
     std::filesystem::create_directory(dir.path() + "/real");
     std::filesystem::create_directory_symlink(dir.path() + "/real", dir.path() + "/link");
 
-    BindMount ro = parse_mount_option(dir.path() + "/link:/work/./x/:ro");
+    MountSpec ro = parse_mount_option(dir.path() + "/link:/work/./x/:ro");
     EXPECT_EQ(ro.source, std::filesystem::canonical(dir.path() + "/real").string());
     EXPECT_EQ(ro.destination, "/work/x");
     EXPECT_TRUE(ro.read_only);

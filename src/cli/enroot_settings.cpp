@@ -1,0 +1,71 @@
+#include "cli/enroot_settings.h"
+
+#include <pwd.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <regex>
+
+#include "util/errors.h"
+
+namespace sqbox::cli {
+namespace {
+
+std::string environment_or(const char* name, const std::string& fallback) {
+    const char* value = std::getenv(name);
+    return value != nullptr && *value != '\0' ? std::string(value) : fallback;
+}
+
+std::string home_directory() {
+    const char* home = std::getenv("HOME");
+    if (home != nullptr && *home != '\0') return home;
+    const passwd* entry = ::getpwuid(::geteuid());
+    if (entry == nullptr || entry->pw_dir == nullptr) {
+        throw Error("cannot find your home directory: set HOME or ENROOT_DATA_PATH");
+    }
+    return entry->pw_dir;
+}
+
+bool flag_or(const char* name, bool fallback) {
+    const char* value = std::getenv(name);
+    return value == nullptr ? fallback : enroot_flag(value);
+}
+
+}  // namespace
+
+bool enroot_flag(const char* value) {
+    if (value == nullptr || *value == '\0') return false;
+    static const std::regex off("no?|N[oO]?|[fF](alse)?|FALSE");
+    return !std::regex_match(value, off);
+}
+
+void EnrootSettings::apply(const std::map<std::string, std::string>& directives) {
+    for (const auto& [name, value] : directives) {
+        if (name == "ENROOT_REMAP_ROOT") remap_root = enroot_flag(value.c_str());
+        if (name == "ENROOT_ROOTFS_WRITABLE") rootfs_writable = enroot_flag(value.c_str());
+        if (name == "ENROOT_LOGIN_SHELL") login_shell = enroot_flag(value.c_str());
+    }
+}
+
+EnrootSettings load_enroot_settings() {
+    EnrootSettings settings;
+    const char* data = std::getenv("ENROOT_DATA_PATH");
+    if (data != nullptr && *data != '\0') {
+        settings.data_path = data;
+    } else {
+        settings.data_path =
+            environment_or("XDG_DATA_HOME", home_directory() + "/.local/share") + "/enroot";
+    }
+    std::error_code ec;
+    settings.data_path =
+        std::filesystem::absolute(settings.data_path, ec).lexically_normal().string();
+    if (ec) throw Error("ENROOT_DATA_PATH " + settings.data_path + ": " + ec.message());
+    settings.rootfs_writable = flag_or("ENROOT_ROOTFS_WRITABLE", false);
+    settings.remap_root = flag_or("ENROOT_REMAP_ROOT", false);
+    settings.login_shell = flag_or("ENROOT_LOGIN_SHELL", true);
+    settings.force_override = flag_or("ENROOT_FORCE_OVERRIDE", false);
+    return settings;
+}
+
+}  // namespace sqbox::cli

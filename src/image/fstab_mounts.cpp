@@ -1,0 +1,147 @@
+#include "image/fstab_mounts.h"
+
+#include <array>
+#include <filesystem>
+#include <string_view>
+
+#include "util/errors.h"
+
+namespace sqbox {
+namespace {
+
+// Options that change nothing in a sandbox whose mounts are all private, nosuid and nodev, or
+// that only matter to mount(8).
+constexpr std::array<std::string_view, 33> kIgnoredOptions = {
+    "async",    "atime",      "dev",         "nodev",       "suid",   "nosuid",  "diratime",
+    "nodiratime", "dirsync",  "iversion",    "noiversion",  "mand",   "nomand",  "noatime",
+    "relatime", "norelatime", "strictatime", "nostrictatime", "lazytime", "nolazytime",
+    "sync",     "private",    "rprivate",    "shared",      "rshared", "slave",  "rslave",
+    "unbindable", "runbindable", "defaults", "auto",        "noauto", "silent",
+};
+constexpr std::array<std::string_view, 8> kMountCommandOptions = {
+    "group", "nogroup", "owner", "noowner", "user", "nouser", "users", "nousers",
+};
+
+template <size_t N>
+bool contains(const std::array<std::string_view, N>& list, std::string_view value) {
+    for (auto item : list) {
+        if (item == value) return true;
+    }
+    return false;
+}
+
+bool starts_with_marker(const std::string& path) {
+    return path.rfind(kRootfsMarker, 0) == 0;
+}
+
+// A path inside the sandbox, absolute and without "." components. ".." is refused later, by the
+// resolver that walks it.
+std::string sandbox_path(std::string path) {
+    if (starts_with_marker(path)) path.erase(0, std::string_view(kRootfsMarker).size());
+    std::string normalised;
+    size_t start = 0;
+    while (start <= path.size()) {
+        size_t slash = path.find('/', start);
+        if (slash == std::string::npos) slash = path.size();
+        std::string part = path.substr(start, slash - start);
+        if (!part.empty() && part != ".") normalised += "/" + part;
+        start = slash + 1;
+    }
+    return normalised.empty() ? "/" : normalised;
+}
+
+void set_source(MountSpec& spec, const FstabEntry& entry, HostSources host_sources) {
+    if (starts_with_marker(entry.source)) {
+        spec.source_in = MountSpec::SourceIn::kSandbox;
+        spec.source = sandbox_path(entry.source);
+        return;
+    }
+    if (host_sources == HostSources::kRefused) {
+        throw Error(entry.origin + ": refusing to mount host path " + entry.source +
+                    ": an image may not mount host paths (pass it with --mount if you mean it)");
+    }
+    std::error_code ec;
+    std::filesystem::path canonical = std::filesystem::canonical(entry.source, ec);
+    if (ec) throw Error(entry.origin + ": " + entry.source + ": " + ec.message());
+    spec.source_in = MountSpec::SourceIn::kHost;
+    spec.source = canonical.string();
+}
+
+}  // namespace
+
+std::optional<MountSpec> mount_spec_from_fstab(const FstabEntry& entry, HostSources host_sources) {
+    MountSpec spec;
+    spec.origin = entry.origin;
+    spec.pass = entry.pass;
+    spec.destination = sandbox_path(entry.target);
+    spec.create = MountSpec::Create::kNever;
+
+    bool bind = false;
+    bool recursive = false;
+    for (const auto& option : entry.options) {
+        if (option == "bind") {
+            bind = true;
+        } else if (option == "rbind") {
+            bind = recursive = true;
+        } else if (option == "ro") {
+            spec.read_only = true;
+        } else if (option == "rw") {
+            spec.read_only = false;
+        } else if (option == "noexec") {
+            spec.no_exec = true;
+        } else if (option == "exec") {
+            spec.no_exec = false;
+        } else if (option == "nofail") {
+            spec.optional = true;
+        } else if (option == "x-create=dir") {
+            spec.create = MountSpec::Create::kDirectory;
+        } else if (option == "x-create=file") {
+            spec.create = MountSpec::Create::kFile;
+        } else if (option == "x-create=auto") {
+            spec.create = MountSpec::Create::kAuto;
+        } else if (option == "x-move" || option == "x-detach" || option == "loud") {
+            // handled below / the default
+        } else if (option == "remount") {
+            throw Error(entry.origin + ": remount entries are not supported");
+        } else if (contains(kIgnoredOptions, option) || contains(kMountCommandOptions, option)) {
+            // nothing to do in the sandbox
+        } else if (entry.type == "tmpfs") {
+            size_t equals = option.find('=');
+            spec.filesystem_options.emplace_back(
+                option.substr(0, equals),
+                equals == std::string::npos ? std::string() : option.substr(equals + 1));
+        } else {
+            throw Error(entry.origin + ": unsupported mount option '" + option + "'");
+        }
+    }
+
+    if (entry.has_option("x-detach")) {
+        spec.kind = MountSpec::Kind::kDetach;
+        return spec;
+    }
+    if (entry.type == "tmpfs") {
+        spec.kind = MountSpec::Kind::kTmpfs;
+        if (spec.create == MountSpec::Create::kAuto) spec.create = MountSpec::Create::kDirectory;
+        return spec;
+    }
+    if (entry.type != "none") {
+        throw Error(entry.origin + ": unsupported filesystem type '" + entry.type +
+                    "' (sqbox mounts bind, rbind and tmpfs entries)");
+    }
+    if (entry.has_option("x-move")) {
+        if (!starts_with_marker(entry.source)) {
+            throw Error(entry.origin + ": x-move needs a source inside the container (${ENROOT_ROOTFS}/...)");
+        }
+        spec.kind = MountSpec::Kind::kMove;
+        spec.source_in = MountSpec::SourceIn::kSandbox;
+        spec.source = sandbox_path(entry.source);
+        return spec;
+    }
+    if (!bind) return std::nullopt;  // propagation changes only
+    spec.kind = MountSpec::Kind::kBind;
+    spec.recursive = recursive;
+    set_source(spec, entry, host_sources);
+    return spec;
+}
+
+}  // namespace sqbox
