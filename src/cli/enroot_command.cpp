@@ -174,7 +174,9 @@ class OptionParser {
 
 std::string real_path(const std::string& path) {
     std::error_code ec;
-    std::filesystem::path canonical = std::filesystem::weakly_canonical(path, ec);
+    std::filesystem::path absolute = std::filesystem::absolute(path, ec);
+    if (ec) throw Error("No such file or directory: " + path);
+    std::filesystem::path canonical = std::filesystem::weakly_canonical(absolute, ec);
     if (ec) throw Error("No such file or directory: " + path);
     return canonical.string();
 }

@@ -126,6 +126,9 @@ StageReport supervise_payload(pid_t payload) {
 // image on the host. Nothing runs from the image.
 [[noreturn]] void export_root(const InitContext& context, const SandboxConfig& config) {
     try {
+        if (config.export_image_path.empty() || config.export_image_path.front() != '/') {
+            throw Error("export: the output path must be absolute");
+        }
         PreparedRoot root = mount_root_layers(config);
         write_squashfs_image(root.root.get(), std::string(kOldRootDir) + config.export_image_path,
                              {});

@@ -1,0 +1,445 @@
+"""sqbox as enroot: the command line, the container store, and enroot's image format.
+
+Everything runs the real binary through a symlink named `enroot` on PATH, as a harness would.
+"""
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+
+class Enroot:
+    def __init__(self, binary, tmp_path):
+        self.bin_dir = tmp_path / "bin"
+        self.bin_dir.mkdir()
+        (self.bin_dir / "enroot").symlink_to(binary)
+        self.data = tmp_path / "data"
+        self.env = {
+            "PATH": f"{self.bin_dir}:/usr/bin:/bin",
+            "HOME": str(tmp_path),
+            "ENROOT_DATA_PATH": str(self.data),
+            "LANG": "C",
+        }
+
+    def __call__(self, *args, input=None, env=None, timeout=120, cwd=None):
+        full_env = dict(self.env, **(env or {}))
+        return subprocess.run(["enroot", *args], input=input, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=full_env, timeout=timeout,
+                              cwd=cwd)
+
+    def store_entries(self):
+        return sorted(os.listdir(self.data)) if self.data.exists() else []
+
+
+@pytest.fixture
+def enroot(sqbox_bin, tmp_path):
+    return Enroot(sqbox_bin, tmp_path)
+
+
+REMOVE = object()
+
+
+def build_image(tmp_path, base_image, files, name="image"):
+    """A new .sqsh: the base image's tree changed by `files`: {path: text, None for a
+    directory, REMOVE to delete}."""
+    tree = tmp_path / f"{name}-tree"
+    subprocess.run(["unsquashfs", "-q", "-no-xattrs", "-d", str(tree), base_image], check=True,
+                   stdout=subprocess.DEVNULL)
+    for path, content in files.items():
+        target = tree / path.lstrip("/")
+        if content is REMOVE:
+            target.unlink()
+            continue
+        if content is None:
+            target.mkdir(parents=True, exist_ok=True)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists() or target.is_symlink():
+            target.unlink()
+        target.write_text(content)
+        if path.startswith("/bin/"):
+            target.chmod(0o755)
+    image = tmp_path / f"{name}.sqsh"
+    subprocess.run(["mksquashfs", str(tree), str(image), "-all-root", "-noappend", "-quiet",
+                    "-no-progress"], check=True, stdout=subprocess.DEVNULL)
+    shutil.rmtree(tree)
+    return str(image)
+
+
+# An image as enroot's Docker importer writes it: WORKDIR /app, ENTRYPOINT ["/bin/entry.sh"],
+# CMD ["default-cmd"], a label, ENV, and a VOLUME turned into a bind of the rootfs onto itself.
+DOCKER_RC = """# enroot-provenance: docker://registry.example/app:1.0
+# org.opencontainers.image.title sqbox test image
+
+mkdir -p "/app" 2> /dev/null
+cd "/app" && unset OLDPWD || exit 1
+
+if [ -s /etc/rc.local ]; then
+    . /etc/rc.local
+fi
+
+if [ $# -gt 0 ]; then
+    exec '/bin/entry.sh' "$@"
+else
+    exec '/bin/entry.sh' 'default-cmd'
+fi
+"""
+ENTRYPOINT = """#!/bin/sh
+echo "entry: pwd=$(pwd) args=$* rc_local=${FROM_RC_LOCAL-} app_env=${APP_ENV-} caller=${FROM_CALLER-}"
+[ "$1" = default-cmd ] && exit 0
+exec "$@"
+"""
+
+
+@pytest.fixture(scope="module")
+def docker_image(tmp_path_factory, busybox_image):
+    tmp = tmp_path_factory.mktemp("docker-image")
+    return build_image(tmp, busybox_image, {
+        "/etc/rc": DOCKER_RC,
+        "/etc/rc.local": "# sourced by /etc/rc\nexport FROM_RC_LOCAL=yes\n",
+        "/etc/environment": "APP_ENV=production\nFROM_CALLER=${SQBOX_TEST_VAR}\n"
+                            "PATH=/usr/local/bin:/usr/bin:/bin\n",
+        "/etc/fstab": "${ENROOT_ROOTFS}/data /vol none x-create=dir,bind,rw,nosuid,nodev\n"
+                      "tmpfs /scratch tmpfs x-create=dir,size=1m 0 0\n",
+        "/bin/entry.sh": ENTRYPOINT,
+        "/app": None,
+        "/data/volume-file": "in the volume\n",
+    })
+
+
+# ---- the command line ----
+
+def test_usage_and_exit_statuses_follow_enroot(enroot):
+    bare = enroot()
+    assert bare.returncode == 1 and bare.stdout.startswith("Usage: enroot COMMAND")
+    assert enroot("help").returncode == 0
+    assert enroot("frobnicate").returncode == 1
+    start_help = enroot("start", "--help")
+    assert start_help.returncode == 0
+    assert start_help.stdout.startswith("Usage: enroot start [options] [--] NAME|IMAGE")
+    bad_option = enroot("start", "--bogus", "x")
+    assert bad_option.returncode == 1 and "Usage: enroot start" in bad_option.stdout
+    assert enroot("create").returncode == 1
+    assert enroot("create", "--name").returncode == 1
+    assert enroot("remove").returncode == 1
+    version = enroot("version")
+    assert version.returncode == 0 and version.stdout.strip()
+    unsupported = enroot("import", "docker://ubuntu")
+    assert unsupported.returncode == 1
+    assert unsupported.stderr.startswith("[ERROR] ") and "not supported" in unsupported.stderr
+
+
+def test_sqbox_enroot_subcommand_is_the_same_front_end(sqbox_bin, enroot, busybox_image):
+    result = subprocess.run([sqbox_bin, "enroot", "start", busybox_image, "echo", "via sqbox"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=enroot.env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "via sqbox\n"
+
+
+def test_create_list_start_remove(enroot, busybox_image):
+    created = enroot("create", "--name", "box", busybox_image)
+    assert created.returncode == 0, created.stderr
+    assert enroot("list").stdout == "box\n"
+    fancy = enroot("list", "--fancy")
+    assert fancy.returncode == 0 and "box" in fancy.stdout and busybox_image in fancy.stdout
+    started = enroot("start", "box", "sh", "-c", "echo $((6*7))")
+    assert (started.returncode, started.stdout) == (0, "42\n"), started.stderr
+    assert enroot("remove", "-f", "box").returncode == 0
+    assert enroot("list").stdout == ""
+    # Nothing but the store's lock file remains.
+    assert enroot.store_entries() == [".sqbox-store.lock"]
+
+
+def test_default_name_is_the_image_file_name(enroot, busybox_image):
+    assert enroot("create", busybox_image).returncode == 0
+    assert enroot("list").stdout == Path(busybox_image).name[:-len(".sqsh")] + "\n"
+
+
+def test_store_errors_are_enroots(enroot, busybox_image, tmp_path):
+    assert enroot("create", "-n", "box", busybox_image).returncode == 0
+    again = enroot("create", "-n", "box", busybox_image)
+    assert again.returncode == 1
+    assert again.stderr == f"[ERROR] File already exists: {enroot.data}/box\n"
+    not_squashfs = tmp_path / "not.sqsh"
+    not_squashfs.write_text("hello")
+    bad = enroot("create", "-n", "other", str(not_squashfs))
+    assert bad.returncode == 1 and "[ERROR] Invalid image format" in bad.stderr
+    missing = enroot("create", "-n", "other", str(tmp_path / "missing.sqsh"))
+    assert missing.returncode == 1 and "No such file or directory" in missing.stderr
+    slash = enroot("create", "-n", "a/b", busybox_image)
+    assert slash.returncode == 1 and "[ERROR] Invalid argument: a/b" in slash.stderr
+    for command in (["start", "nothere"], ["remove", "-f", "nothere"], ["export", "nothere"]):
+        result = enroot(*command)
+        assert result.returncode == 1, command
+        assert result.stderr == f"[ERROR] No such file or directory: {enroot.data}/nothere\n"
+    assert enroot("start", "../box").returncode == 1
+    assert enroot("list").stdout == "box\n"
+
+
+def test_remove_without_force_asks(enroot, busybox_image):
+    assert enroot("create", "-n", "box", busybox_image).returncode == 0
+    declined = enroot("remove", "box", input="n\n")
+    assert declined.returncode == 0 and "Do you really want to delete" in declined.stderr
+    assert enroot("list").stdout == "box\n"
+    assert enroot("remove", "box", input="y\n").returncode == 0
+    assert enroot("list").stdout == ""
+
+
+def test_create_force_replaces_the_layer(enroot, busybox_image):
+    assert enroot("create", "-n", "box", busybox_image).returncode == 0
+    assert enroot("start", "--rw", "box", "sh", "-c", "echo old > /state").returncode == 0
+    assert enroot("create", "-f", "-n", "box", busybox_image).returncode == 0
+    after = enroot("start", "box", "cat", "/state")
+    assert after.returncode != 0 and "No such file" in after.stderr
+
+
+def test_create_does_not_unpack(enroot, python_image):
+    assert enroot("create", "-n", "py", python_image).returncode == 0
+    container = enroot.data / "py"
+    stored = sum(f.stat().st_size for f in container.rglob("*") if f.is_file())
+    assert stored < 4096, f"a container should hold a reference, not a copy ({stored} bytes)"
+
+
+# ---- start: the root filesystem ----
+
+def test_root_is_read_only_unless_rw_and_rw_persists(enroot, busybox_image):
+    assert enroot("create", "-n", "box", busybox_image).returncode == 0
+    read_only = enroot("start", "box", "sh", "-c", "echo x > /file")
+    assert read_only.returncode != 0 and "Read-only file system" in read_only.stderr
+    assert enroot("start", "box", "sh", "-c", "echo x > /tmp/file").returncode == 0
+    assert enroot("start", "--rw", "box", "sh", "-c", "echo kept > /etc/state").returncode == 0
+    assert enroot("start", "box", "cat", "/etc/state").stdout == "kept\n"
+    # ENROOT_ROOTFS_WRITABLE is --rw, with enroot's yes/no spellings.
+    assert enroot("start", "box", "sh", "-c", "echo 2 > /etc/state",
+                  env={"ENROOT_ROOTFS_WRITABLE": "yes"}).returncode == 0
+    assert enroot("start", "box", "sh", "-c", "echo 3 > /etc/state",
+                  env={"ENROOT_ROOTFS_WRITABLE": "no"}).returncode != 0
+    assert enroot("start", "box", "cat", "/etc/state").stdout == "2\n"
+
+
+def test_starting_an_image_directly_is_ephemeral(enroot, busybox_image):
+    writes = enroot("start", "--rw", busybox_image, "sh", "-c", "echo x > /file && cat /file")
+    assert writes.returncode == 0 and writes.stdout == "x\n", writes.stderr
+    assert enroot("start", busybox_image, "test", "-e", "/file").returncode == 1
+    assert enroot.store_entries() in ([], [".sqbox-store.lock"])
+
+
+def test_root_option_and_env_option(enroot, busybox_image):
+    as_root = enroot("start", "--root", busybox_image, "id", "-u")
+    assert as_root.stdout == "0\n"
+    as_self = enroot("start", busybox_image, "id", "-u")
+    assert as_self.stdout == f"{os.geteuid()}\n"
+    remapped = enroot("start", busybox_image, "id", "-u", env={"ENROOT_REMAP_ROOT": "y"})
+    assert remapped.stdout == "0\n"
+    env = enroot("start", "-e", "GIVEN=value", "-e", "COPIED", "--env=EQ=1", busybox_image,
+                 "sh", "-c", 'echo "$GIVEN $COPIED $EQ ${SECRET-unset}"',
+                 env={"COPIED": "from-caller", "SECRET": "api-key"})
+    assert env.stdout == "value from-caller 1 unset\n", env.stderr
+    bad = enroot("start", "-e", "1BAD=x", busybox_image, "true")
+    assert bad.returncode == 1 and "[ERROR] Invalid argument: 1BAD=x" in bad.stderr
+
+
+def test_mount_option_uses_colon_separated_fstab_fields(enroot, busybox_image, tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "in").write_text("from host\n")
+    rw = enroot("start", "--mount", f"{shared}:/work", busybox_image,
+                "sh", "-c", "cat /work/in; echo back > /work/out")
+    assert rw.returncode == 0 and rw.stdout == "from host\n", rw.stderr
+    assert (shared / "out").read_text() == "back\n"
+    ro = enroot("start", "-m", f"{shared}:/work:none:x-create=dir,bind,ro", busybox_image,
+                "sh", "-c", "echo x > /work/denied")
+    assert ro.returncode != 0 and "Read-only file system" in ro.stderr
+    relative = enroot("start", "-m", ".:/mnt", busybox_image, "cat", "/mnt/in", cwd=shared)
+    assert relative.stdout == "from host\n", relative.stderr
+    bad = enroot("start", "-m", "a b:/x", busybox_image, "true")
+    assert bad.returncode == 1 and "[ERROR] Invalid argument" in bad.stderr
+
+
+# ---- start: /etc/rc, /etc/environment, /etc/fstab ----
+
+def test_docker_imported_image_runs_as_under_enroot(enroot, docker_image):
+    assert enroot("create", "-n", "app", docker_image).returncode == 0
+    default = enroot("start", "app", env={"SQBOX_TEST_VAR": "substituted"})
+    assert default.returncode == 0, default.stderr
+    assert default.stdout == ("entry: pwd=/app args=default-cmd rc_local=yes app_env=production "
+                              "caller=substituted\n")
+    command = enroot("start", "app", "sh", "-c", "echo ran; exit 4")
+    assert command.returncode == 4
+    assert command.stdout.splitlines() == [
+        "entry: pwd=/app args=sh -c echo ran; exit 4 rc_local=yes app_env=production caller=",
+        "ran"]
+
+
+def test_image_fstab_extensions_are_applied(enroot, docker_image):
+    result = enroot("start", docker_image, "sh", "-c",
+                    "cat /vol/volume-file; grep -E ' /(vol|scratch) ' /proc/mounts | cut -d' ' -f2,3")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[1] == "in the volume"
+    assert sorted(lines[2:]) == ["/scratch tmpfs", "/vol overlay"]
+
+
+def test_image_fstab_may_not_mount_host_paths(enroot, busybox_image, tmp_path):
+    image = build_image(tmp_path, busybox_image,
+                        {"/etc/fstab": "# wants the host's /etc\n/etc /hostetc none x-create=dir,bind\n"})
+    refused = enroot("start", image, "true")
+    assert refused.returncode == 1
+    assert "the image's /etc/fstab line 2: refusing to mount host path /etc" in refused.stderr
+    optional = build_image(tmp_path, busybox_image,
+                           {"/etc/fstab": "/etc /hostetc none x-create=dir,bind,nofail\n"},
+                           name="optional")
+    skipped = enroot("start", optional, "sh", "-c", "test -e /hostetc/passwd || echo absent")
+    assert skipped.returncode == 0 and "warning" in skipped.stderr
+    assert skipped.stdout == "absent\n"
+
+
+def test_malformed_environment_line_is_reported(enroot, busybox_image, tmp_path):
+    image = build_image(tmp_path, busybox_image,
+                        {"/etc/environment": "GOOD=1\n\nnot an assignment\n"})
+    result = enroot("start", image, "true")
+    assert result.returncode == 1
+    assert "/etc/environment line 3: expected KEY=VALUE" in result.stderr
+
+
+def test_without_rc_the_command_runs_directly_or_a_shell_starts(enroot, busybox_image, tmp_path):
+    plain = build_image(tmp_path, busybox_image, {"/etc/rc": REMOVE}, name="no-rc")
+    direct = enroot("start", plain, "echo", "direct")
+    assert direct.stdout == "direct\n", direct.stderr
+    spaced = enroot("start", plain, "echo one && echo two")
+    assert spaced.stdout == "one\ntwo\n"
+    missing = enroot("start", plain, "no-such-command")
+    assert missing.returncode == 127
+    interactive = enroot("start", plain, input="echo interactive; exit 5\n")
+    assert interactive.returncode == 5 and "interactive" in interactive.stdout
+    # An empty rc is still the command script (enroot only tests that it exists).
+    empty_rc = build_image(tmp_path, busybox_image, {"/etc/rc": ""}, name="empty-rc")
+    never = enroot("start", empty_rc, "echo", "never")
+    assert never.returncode == 0 and never.stdout == ""
+
+
+def test_rc_option_overrides_the_command_script(enroot, busybox_image, tmp_path):
+    rc = tmp_path / "my-rc"
+    rc.write_text('echo "custom rc: $*"\nexec "$@"\n')
+    result = enroot("start", "--rc", str(rc), busybox_image, "echo", "after")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "custom rc: echo after\nafter\n"
+    missing = enroot("start", "--rc", str(tmp_path / "nope"), busybox_image, "true")
+    assert missing.returncode == 1 and "No such file or directory" in missing.stderr
+
+
+def test_conf_script_functions_are_evaluated_in_a_sandbox(enroot, python_image, tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "file").write_text("shared\n")
+    marker = tmp_path / "ran-on-host"
+    conf = tmp_path / "my.conf"
+    conf.write_text(f"""#ENROOT_REMAP_ROOT=y
+environ() {{
+    echo "GREETING=hello $WHO"
+    echo "QUOTED='a b'"
+    touch {marker} 2>/dev/null
+}}
+mounts() {{
+    echo "{shared} /mnt/shared none x-create=dir,bind,ro"
+}}
+rc() {{
+    echo "conf rc: $@"
+    exec "$@"
+}}
+""")
+    result = enroot("start", "-c", str(conf), python_image, "sh", "-c",
+                    'id -u; echo "$GREETING|$QUOTED"; cat /mnt/shared/file', env={"WHO": "world"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "conf rc: sh -c id -u; echo \"$GREETING|$QUOTED\"; cat /mnt/shared/file",
+        "0", "hello world|a b", "shared"]
+    assert not marker.exists(), "the configuration's functions must not run on the host"
+
+
+def test_conf_hooks_are_refused(enroot, busybox_image, tmp_path):
+    conf = tmp_path / "hooks.conf"
+    conf.write_text("hooks() {\n    date > ${ENROOT_ROOTFS}/started\n}\n")
+    result = enroot("start", "--conf", str(conf), busybox_image, "true")
+    assert result.returncode == 1
+    assert result.stderr.startswith("[ERROR] ") and "hooks()" in result.stderr
+
+
+# ---- export ----
+
+def test_export_writes_the_container_as_an_image(enroot, busybox_image, sqbox, tmp_path):
+    assert enroot("create", "-n", "box", busybox_image).returncode == 0
+    assert enroot("start", "--rw", "box", "sh", "-c",
+                  "echo exported > /etc/marker && rm /bin/vi").returncode == 0
+    output = tmp_path / "box.sqsh"
+    exported = enroot("export", "-o", str(output), "box")
+    assert exported.returncode == 0, exported.stderr
+    check = sqbox.run(str(output), "sh", "-c", "cat /etc/marker; test -e /bin/vi || echo gone")
+    assert check.stdout == "exported\ngone\n", check.stderr
+    again = enroot("export", "-o", str(output), "box")
+    assert again.returncode == 1 and "[ERROR] File already exists" in again.stderr
+    assert enroot("export", "-f", "-o", str(output), "box").returncode == 0
+    default = enroot("export", "box", cwd=tmp_path / "bin")
+    assert default.returncode == 0 and (tmp_path / "bin" / "box.sqsh").is_file()
+
+
+# ---- the harness loop, and concurrency ----
+
+def test_torchforge_style_harness_loop(enroot, python_image, tmp_path):
+    """Exactly what a harness does per step, 50 times: reset, create, run a script."""
+    work = tmp_path / "work"
+    work.mkdir()
+    for step in range(50):
+        (work / "script.py").write_text(
+            "import sys\n"
+            f"print('stdout of step {step}')\n"
+            f"print('stderr of step {step}', file=sys.stderr)\n"
+            f"sys.exit({step % 7})\n")
+        enroot("remove", "-f", "sandbox")
+        created = enroot("create", "--name", "sandbox", python_image)
+        assert created.returncode == 0, created.stderr
+        result = enroot("start", "--mount", f"{work}:/work", "sandbox",
+                        "python3", "/work/script.py")
+        assert result.stdout == f"stdout of step {step}\n"
+        assert result.stderr == f"stderr of step {step}\n"
+        assert result.returncode == step % 7
+    assert enroot("list").stdout == "sandbox\n"
+
+
+def test_concurrent_create_start_remove_keep_the_store_consistent(enroot, busybox_image):
+    errors = []
+
+    def worker(index):
+        own = f"own-{index}"
+        for step in range(12):
+            steps = [
+                (["create", "-f", "-n", "shared", busybox_image], {0}),
+                (["start", "shared", "true"], {0, 1}),  # 1: the other worker removed it
+                (["remove", "-f", "shared"], {0, 1}),
+                (["create", "-n", own, busybox_image], {0}),
+                (["start", "--rw", own, "sh", "-c", f"echo {step} > /step"], {0}),
+                (["start", own, "cat", "/step"], {0}),
+                (["remove", "-f", own], {0}),
+            ]
+            for args, allowed in steps:
+                result = enroot(*args)
+                if result.returncode not in allowed:
+                    errors.append((args, result.returncode, result.stderr))
+                elif result.returncode == 1 and "No such file or directory" not in result.stderr:
+                    errors.append((args, result.returncode, result.stderr))
+                elif args[:2] == ["start", own] and result.stdout != f"{step}\n":
+                    errors.append((args, result.stdout))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    # No half-made containers, no trash left behind.
+    leftovers = [name for name in enroot.store_entries() if name != ".sqbox-store.lock"]
+    assert leftovers in ([], ["shared"])
