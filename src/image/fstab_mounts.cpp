@@ -67,6 +67,22 @@ void set_source(MountSpec& spec, const FstabEntry& entry, HostSources host_sourc
     spec.source = canonical.string();
 }
 
+bool is_at_or_below(const std::string& path, std::string_view top) {
+    return path == top || (path.size() > top.size() && path.compare(0, top.size(), top) == 0 &&
+                           path[top.size()] == '/');
+}
+
+// The image may add mounts, never take away sqbox's own: /proc with its masks and /dev.
+void refuse_system_mount_changes(const MountSpec& spec) {
+    for (std::string_view system : {"/proc", "/dev", "/sys"}) {
+        if (is_at_or_below(spec.destination, system) ||
+            (spec.kind == MountSpec::Kind::kMove && is_at_or_below(spec.source, system))) {
+            throw Error(spec.origin + ": refusing to move or detach sqbox's own " +
+                        std::string(system) + " mounts");
+        }
+    }
+}
+
 }  // namespace
 
 std::optional<MountSpec> mount_spec_from_fstab(const FstabEntry& entry, HostSources host_sources) {
@@ -117,6 +133,7 @@ std::optional<MountSpec> mount_spec_from_fstab(const FstabEntry& entry, HostSour
 
     if (entry.has_option("x-detach")) {
         spec.kind = MountSpec::Kind::kDetach;
+        if (host_sources == HostSources::kRefused) refuse_system_mount_changes(spec);
         return spec;
     }
     if (entry.type == "tmpfs") {
@@ -135,6 +152,7 @@ std::optional<MountSpec> mount_spec_from_fstab(const FstabEntry& entry, HostSour
         spec.kind = MountSpec::Kind::kMove;
         spec.source_in = MountSpec::SourceIn::kSandbox;
         spec.source = sandbox_path(entry.source);
+        if (host_sources == HostSources::kRefused) refuse_system_mount_changes(spec);
         return spec;
     }
     if (!bind) return std::nullopt;  // propagation changes only

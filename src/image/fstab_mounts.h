@@ -15,7 +15,8 @@ inline constexpr const char* kRootfsMarker = "\x01ENROOT_ROOTFS";
 
 enum class HostSources {
     kAllowed,  // the user's own entries (--mount, configuration): host paths, canonicalised here
-    kRefused,  // the image's /etc/fstab: it may not reach into the host on its own
+    kRefused,  // the image's /etc/fstab: it may not reach into the host on its own, nor move or
+               // detach sqbox's /proc, /dev or /sys
 };
 
 // Converts one entry. Returns nullopt for entries that only change mount propagation (the

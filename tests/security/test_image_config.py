@@ -1,0 +1,94 @@
+"""Hostile image configuration: an image's /etc/fstab and /etc/environment, and an enroot
+configuration script, try to reach the host. Each attempt must fail and leave the host as it was.
+"""
+import os
+import shutil
+import subprocess
+
+import pytest
+
+
+def _rootfs_with(busybox_rootfs, dest, fstab=None, environment=None):
+    shutil.copytree(busybox_rootfs, dest, symlinks=True)
+    if fstab is not None:
+        (dest / "etc" / "fstab").write_text(fstab)
+    if environment is not None:
+        (dest / "etc" / "environment").write_text(environment)
+    return dest
+
+
+@pytest.mark.parametrize("entry", [
+    "SENTINEL /loot none x-create=dir,bind",
+    "SENTINEL /loot none x-create=dir,rbind,ro",
+    "${ENROOT_ROOTFS}/../../../../../../../../SENTINEL /loot none x-create=dir,bind",
+    "${ENROOT_ROOTFS}/link-out /loot none x-create=dir,bind",
+    "/proc/1/root/SENTINEL /loot none x-create=dir,bind",
+], ids=["host-bind", "host-rbind", "dotdot", "symlink-source", "proc-root"])
+def test_image_fstab_cannot_mount_host_paths(box, busybox_rootfs, host_sentinel, tmp_path, entry):
+    rootfs = _rootfs_with(busybox_rootfs, tmp_path / "rootfs",
+                          fstab=entry.replace("SENTINEL", str(host_sentinel.dir).lstrip("/")
+                                              if "ROOTFS" in entry or "proc" in entry
+                                              else str(host_sentinel.dir)) + "\n")
+    os.symlink(str(host_sentinel.dir), rootfs / "link-out")
+    result = box.sh("cat /loot/secret.txt; echo ran", image=str(rootfs))
+    assert result.returncode == 125, (result.stdout, result.stderr)
+    assert host_sentinel.secret not in result.stdout
+    assert "ran" not in result.stdout
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_image_fstab_cannot_mount_through_a_symlinked_target(box, busybox_rootfs, host_sentinel,
+                                                             tmp_path):
+    rootfs = _rootfs_with(busybox_rootfs, tmp_path / "rootfs",
+                          fstab="tmpfs /escape/planted tmpfs x-create=dir\n")
+    os.symlink(str(host_sentinel.dir), rootfs / "escape")
+    result = box.sh("echo ran", image=str(rootfs))
+    assert result.returncode == 125 and "symlink" in result.stderr
+    assert not (host_sentinel.dir / "planted").exists()
+
+
+@pytest.mark.parametrize("entry", [
+    "none /proc/kcore none x-detach",
+    "none /proc/sys none x-detach",
+    "none /proc none x-detach",
+    "none /dev none x-detach",
+    "${ENROOT_ROOTFS}/proc/sys /unmasked none x-create=dir,x-move",
+], ids=["kcore-mask", "proc-sys-ro", "proc", "dev", "move-proc-sys"])
+def test_image_fstab_cannot_undo_sqbox_mounts(box, busybox_rootfs, tmp_path, entry):
+    rootfs = _rootfs_with(busybox_rootfs, tmp_path / "rootfs", fstab=entry + "\n")
+    result = box.sh("echo ran", image=str(rootfs))
+    assert result.returncode == 125, (result.stdout, result.stderr)
+    assert "refusing" in result.stderr and "ran" not in result.stdout
+
+
+def test_image_environment_cannot_read_the_callers_variables(box, busybox_rootfs, tmp_path):
+    """sqbox run substitutes ${VAR} in the image's /etc/environment from the sandbox's own
+    variables only: an image cannot pull an API key out of the caller's environment."""
+    rootfs = _rootfs_with(busybox_rootfs, tmp_path / "rootfs",
+                          environment="LEAK=${SQBOX_TEST_API_KEY}\nLEAK2=$SQBOX_TEST_API_KEY\n")
+    env = dict(os.environ, SQBOX_TEST_API_KEY="sk-secret-value")
+    result = box.sh('echo "[$LEAK][$LEAK2]"; env | grep -c sk-secret || true',
+                    image=str(rootfs), env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "[][]\n0\n"
+
+
+def test_enroot_conf_functions_do_not_run_on_the_host(box, host_sentinel, tmp_path):
+    """A configuration script's environ()/mounts() run inside a throwaway sandbox: writing to the
+    host, or reading a host file it did not mount, fails."""
+    conf = tmp_path / "evil.conf"
+    planted = host_sentinel.dir / "planted-by-conf"
+    conf.write_text(f"""
+environ() {{
+    echo pwned > {planted} 2>/dev/null
+    echo "STOLEN=$(cat {host_sentinel.file} 2>/dev/null)"
+}}
+""")
+    result = subprocess.run([box.binary, "enroot", "start", "-c", str(conf), box.busybox_image,
+                             "sh", "-c", 'echo "stolen=[$STOLEN]"', box.marker],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, ENROOT_DATA_PATH=str(tmp_path / "data")),
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "stolen=[]\n"
+    assert not planted.exists()
