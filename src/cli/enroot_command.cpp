@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -253,6 +254,56 @@ int exit_status_of(const RunResult& result) {
     return result.exit_status;
 }
 
+// The user's own configuration files in DIR (ENROOT_CONFIG_PATH/environ.d or mounts.d) ending in
+// `suffix`, in name order. (The system's, under /etc/enroot, are not read: they hand the host's
+// /proc, /sys and /dev to containers.)
+std::vector<std::string> user_config_files(const std::string& dir, const std::string& suffix) {
+    std::vector<std::string> files;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+        const std::string name = entry.path().filename().string();
+        if (name.size() > suffix.size() && name.ends_with(suffix) && entry.is_regular_file(ec)) {
+            files.push_back(entry.path().string());
+        }
+    }
+    std::sort(files.begin(), files.end());
+    return files;
+}
+
+std::string read_config_file(const std::string& path) {
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+    if (!fd) throw system_error("cannot open " + path);
+    return read_all(fd.get(), path);
+}
+
+// enroot substitutes ${VAR} (only that form) from the caller's environment in these files.
+std::string substitute_caller_variables(const std::string& text) {
+    static const std::regex reference(R"(\$\{([A-Za-z_][A-Za-z0-9_]*)\})");
+    std::string out;
+    auto begin = std::sregex_iterator(text.begin(), text.end(), reference);
+    size_t last = 0;
+    for (auto it = begin; it != std::sregex_iterator(); ++it) {
+        out += text.substr(last, static_cast<size_t>(it->position()) - last);
+        out += caller_variable((*it)[1]).value_or("");
+        last = static_cast<size_t>(it->position() + it->length());
+    }
+    return out + text.substr(last);
+}
+
+void add_user_config(const EnrootSettings& settings, SandboxConfig& config) {
+    for (const auto& file : user_config_files(settings.config_path + "/environ.d", ".env")) {
+        add_environment_lines(substitute_caller_variables(read_config_file(file)),
+                              config.environment);
+    }
+    for (const auto& file : user_config_files(settings.config_path + "/mounts.d", ".fstab")) {
+        for (const auto& entry : parse_fstab(read_config_file(file), file, caller_variable)) {
+            if (auto spec = mount_spec_from_fstab(entry, HostSources::kAllowed)) {
+                config.mounts.push_back(std::move(*spec));
+            }
+        }
+    }
+}
+
 // ---- commands ----
 
 int enroot_create(const std::vector<std::string>& args, EnrootSettings settings) {
@@ -468,6 +519,7 @@ int enroot_start(const std::vector<std::string>& args, EnrootSettings settings) 
     // enroot's shipped environ.d passes the terminal type through.
     if (auto term = caller_variable("TERM")) config.environment.emplace_back("TERM", *term);
 
+    add_user_config(settings, config);
     if (conf) {
         EnrootConfOutput output = evaluate_enroot_conf(*conf, config, command);
         add_environment_lines(output.environ, config.environment);

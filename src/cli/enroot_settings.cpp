@@ -57,6 +57,11 @@ EnrootSettings load_enroot_settings() {
         settings.data_path =
             environment_or("XDG_DATA_HOME", home_directory() + "/.local/share") + "/enroot";
     }
+    const char* config = std::getenv("ENROOT_CONFIG_PATH");
+    settings.config_path =
+        config != nullptr && *config != '\0'
+            ? std::string(config)
+            : environment_or("XDG_CONFIG_HOME", home_directory() + "/.config") + "/enroot";
     std::error_code ec;
     settings.data_path =
         std::filesystem::absolute(settings.data_path, ec).lexically_normal().string();

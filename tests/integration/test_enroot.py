@@ -443,3 +443,21 @@ def test_concurrent_create_start_remove_keep_the_store_consistent(enroot, busybo
     # No half-made containers, no trash left behind.
     leftovers = [name for name in enroot.store_entries() if name != ".sqbox-store.lock"]
     assert leftovers in ([], ["shared"])
+
+
+def test_user_configuration_directory_is_applied(enroot, busybox_image, tmp_path):
+    config = tmp_path / "config"
+    (config / "environ.d").mkdir(parents=True)
+    (config / "mounts.d").mkdir()
+    (config / "environ.d" / "10-site.env").write_text(
+        "# site settings\nSITE=${SITE_NAME}\nQUOTED=\"x y\"\nENROOT_SECRET=no\n")
+    shared = tmp_path / "dataset"
+    shared.mkdir()
+    (shared / "rows").write_text("1\n2\n")
+    (config / "mounts.d" / "10-data.fstab").write_text(f"{shared} /data none x-create=dir,bind,ro\n")
+    (config / "mounts.d" / "ignored.txt").write_text("/etc /etc-host none bind\n")
+    result = enroot("start", busybox_image, "sh", "-c",
+                    'echo "$SITE|$QUOTED|${ENROOT_SECRET-unset}"; cat /data/rows; ls /etc-host',
+                    env={"ENROOT_CONFIG_PATH": str(config), "SITE_NAME": "lab"})
+    assert result.stdout.splitlines() == ["lab|x y|unset", "1", "2"], result.stderr
+    assert result.returncode != 0  # /etc-host came from a file without the .fstab suffix

@@ -124,11 +124,17 @@ TEST(FstabMounts, TmpfsOptionsMoveDetachAndUnsupportedTypes) {
     std::vector<std::pair<std::string, std::string>> expected = {{"size", "1m"}, {"mode", "700"}};
     EXPECT_EQ(tmpfs->filesystem_options, expected);
 
-    auto detach = mount_spec_from_fstab(parse("none /proc none x-detach,nofail\n")[0],
+    auto detach = mount_spec_from_fstab(parse("none /mnt/x none x-detach,nofail\n")[0],
                                         HostSources::kRefused);
     ASSERT_TRUE(detach);
     EXPECT_EQ(detach->kind, MountSpec::Kind::kDetach);
     EXPECT_TRUE(detach->optional);
+    // The image may not take sqbox's own mounts away; the user's configuration may.
+    EXPECT_THROW((void)mount_spec_from_fstab(parse("none /proc none x-detach\n")[0],
+                                             HostSources::kRefused),
+                 Error);
+    EXPECT_TRUE(mount_spec_from_fstab(parse("none /proc none x-detach\n")[0],
+                                      HostSources::kAllowed));
 
     auto move = mount_spec_from_fstab(parse("${ENROOT_ROOTFS}/a /b none x-move\n")[0],
                                       HostSources::kRefused);
