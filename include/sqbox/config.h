@@ -58,7 +58,7 @@ struct ResourceLimits {
 };
 
 struct SandboxConfig {
-    std::string image;                 // a .sqsh file or a root filesystem directory
+    std::string image;  // a .sqsh file or a root filesystem directory
     // argv of the payload; never empty with Entrypoint::kCommand, may be empty with kEnrootRc.
     std::vector<std::string> command;
     std::vector<MountSpec> mounts;
@@ -108,7 +108,7 @@ struct SandboxConfig {
     enum class Entrypoint { kCommand, kEnrootRc };
     Entrypoint entrypoint = Entrypoint::kCommand;
     std::optional<std::string> rc_script;  // contents of enroot's --rc / rc(), replacing /etc/rc
-    bool login_shell = true;                // ENROOT_LOGIN_SHELL: the shell runs as a login shell
+    bool login_shell = true;               // ENROOT_LOGIN_SHELL: the shell runs as a login shell
 
     // Instead of running a command: write the root's layers (image plus persistent layer) to a
     // new squashfs image at this absolute host path (enroot export).

@@ -4,8 +4,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <array>
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -43,9 +43,10 @@ struct UsageExit {
 };
 
 std::string usage_text(const std::string& program, const std::string& command) {
-    const std::string p = program;
+    const std::string& p = program;
     if (command == "create") {
-        return "Usage: " + p + " create [options] [--] IMAGE\n\n"
+        return "Usage: " + p +
+               " create [options] [--] IMAGE\n\n"
                "Create a container from a squashfs image. sqbox does not unpack the image: the\n"
                "container refers to it and keeps its own writable layer.\n\n"
                " Options:\n"
@@ -53,7 +54,8 @@ std::string usage_text(const std::string& program, const std::string& command) {
                "   -f, --force  Replace an existing container of that name\n";
     }
     if (command == "start") {
-        return "Usage: " + p + " start [options] [--] NAME|IMAGE [COMMAND] [ARG...]\n\n"
+        return "Usage: " + p +
+               " start [options] [--] NAME|IMAGE [COMMAND] [ARG...]\n\n"
                "Start a container (or a squashfs image directly) and run its command script,\n"
                "/etc/rc, with COMMAND and ARGs as its arguments. Without a command script the\n"
                "command runs directly; with neither, an interactive shell starts.\n\n"
@@ -69,26 +71,30 @@ std::string usage_text(const std::string& program, const std::string& command) {
                "                        Accepted; sqbox always gives each sandbox its own\n";
     }
     if (command == "remove") {
-        return "Usage: " + p + " remove [options] [--] NAME...\n\n"
+        return "Usage: " + p +
+               " remove [options] [--] NAME...\n\n"
                "Delete containers and their writable layers.\n\n"
                " Options:\n"
                "   -f, --force  Do not ask for confirmation\n";
     }
     if (command == "list") {
-        return "Usage: " + p + " list [options]\n\n"
+        return "Usage: " + p +
+               " list [options]\n\n"
                "List the containers.\n\n"
                " Options:\n"
                "   -f, --fancy  Show each container's image and the size of its layer\n";
     }
     if (command == "export") {
-        return "Usage: " + p + " export [options] [--] NAME\n\n"
+        return "Usage: " + p +
+               " export [options] [--] NAME\n\n"
                "Write a container (its image with its layer on top) to a squashfs image.\n\n"
                " Options:\n"
                "   -o, --output  Image file to write (defaults to \"NAME.sqsh\")\n"
                "   -f, --force   Replace an existing image file\n";
     }
     if (command == "version") return "Usage: " + p + " version\n\nPrint the version.\n";
-    return "Usage: " + p + " COMMAND [ARG...]\n\n"
+    return "Usage: " + p +
+           " COMMAND [ARG...]\n\n"
            "Run containers from squashfs images (sqbox, enroot-compatible).\n\n"
            " Commands:\n"
            "   create [options] [--] IMAGE\n"
@@ -243,7 +249,9 @@ std::string read_rc_file(const std::string& path) {
     std::string content(kMaxRcBytes + 1, '\0');
     ssize_t n = read_full(fd.get(), content.data(), content.size());
     if (n < 0) throw system_error("cannot read " + path);
-    if (static_cast<size_t>(n) > kMaxRcBytes) throw Error("Invalid argument: " + path + " is too large");
+    if (static_cast<size_t>(n) > kMaxRcBytes) {
+        throw Error("Invalid argument: " + path + " is too large");
+    }
     content.resize(static_cast<size_t>(n));
     return content;
 }
@@ -358,7 +366,9 @@ uint64_t disk_usage(const std::string& path) {
              path, std::filesystem::directory_options::skip_permission_denied, ec);
          !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
         struct stat st {};
-        if (::lstat(it->path().c_str(), &st) == 0) total += static_cast<uint64_t>(st.st_blocks) * 512;
+        if (::lstat(it->path().c_str(), &st) == 0) {
+            total += static_cast<uint64_t>(st.st_blocks) * 512;
+        }
     }
     return total;
 }
@@ -392,8 +402,8 @@ int enroot_list(const std::vector<std::string>& args, const EnrootSettings& sett
         std::array<std::string, 3> row = {name, "", ""};
         try {
             if (auto info = store.find(name)) {
-                row[1] = human_size(disk_usage(info->layer.empty() ? info->directory
-                                                                   : info->layer + "/upper"));
+                row[1] = human_size(
+                    disk_usage(info->layer.empty() ? info->directory : info->layer + "/upper"));
                 row[2] = info->image.empty() ? "(unpacked root filesystem)" : info->image;
             }
         } catch (const Error& e) {
@@ -523,8 +533,8 @@ int enroot_start(const std::vector<std::string>& args, EnrootSettings settings) 
     if (conf) {
         EnrootConfOutput output = evaluate_enroot_conf(*conf, config, command);
         add_environment_lines(output.environ, config.environment);
-        for (const auto& entry : parse_fstab(output.mounts, conf->path + " mounts()",
-                                             caller_variable)) {
+        for (const auto& entry :
+             parse_fstab(output.mounts, conf->path + " mounts()", caller_variable)) {
             if (auto spec = mount_spec_from_fstab(entry, HostSources::kAllowed)) {
                 config.mounts.push_back(std::move(*spec));
             }
@@ -539,7 +549,8 @@ int enroot_start(const std::vector<std::string>& args, EnrootSettings settings) 
     for (const auto& variable : env) {
         size_t equals = variable.find('=');
         if (equals != std::string::npos) {
-            config.environment.emplace_back(variable.substr(0, equals), variable.substr(equals + 1));
+            config.environment.emplace_back(variable.substr(0, equals),
+                                            variable.substr(equals + 1));
         } else {
             config.environment.emplace_back(variable, caller_variable(variable).value_or(""));
         }

@@ -49,9 +49,8 @@ std::map<std::string, std::string> split_sections(const std::string& output) {
         size_t name_end = output.find('\n', name_start);
         if (name_end == std::string::npos) break;
         size_t next = output.find(mark, name_end);
-        sections[output.substr(name_start, name_end - name_start)] =
-            output.substr(name_end + 1, next == std::string::npos ? std::string::npos
-                                                                  : next - name_end - 1);
+        sections[output.substr(name_start, name_end - name_start)] = output.substr(
+            name_end + 1, next == std::string::npos ? std::string::npos : next - name_end - 1);
         at = next;
     }
     return sections;
@@ -98,7 +97,8 @@ EnrootConf read_enroot_conf(const std::string& path) {
     conf.has_mounts = defines_function(conf.text, "mounts");
     conf.has_rc = defines_function(conf.text, "rc");
 
-    static const std::regex directive(R"(^#[ \t]*(ENROOT_[A-Z_]+)[ \t=]+["']?([^"' \t]*)["']?[ \t]*$)");
+    static const std::regex directive(
+        R"(^#[ \t]*(ENROOT_[A-Z_]+)[ \t=]+["']?([^"' \t]*)["']?[ \t]*$)");
     size_t start = 0;
     while (start < conf.text.size()) {
         size_t end = conf.text.find('\n', start);

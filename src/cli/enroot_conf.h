@@ -30,9 +30,9 @@ struct EnrootConf {
 EnrootConf read_enroot_conf(const std::string& path);
 
 struct EnrootConfOutput {
-    std::string environ;                // what environ() printed (KEY=VALUE lines)
-    std::string mounts;                 // what mounts() printed (fstab lines)
-    std::optional<std::string> rc;      // the body of rc(), when defined
+    std::string environ;            // what environ() printed (KEY=VALUE lines)
+    std::string mounts;             // what mounts() printed (fstab lines)
+    std::optional<std::string> rc;  // the body of rc(), when defined
 };
 
 // Runs the script's functions in a sandbox built like `base` (same image and layer, read-only,

@@ -8,8 +8,8 @@
 namespace sqbox::cli {
 
 struct EnrootSettings {
-    std::string data_path;    // ENROOT_DATA_PATH, default $XDG_DATA_HOME/enroot
-    std::string config_path;  // ENROOT_CONFIG_PATH, default $XDG_CONFIG_HOME/enroot
+    std::string data_path;         // ENROOT_DATA_PATH, default $XDG_DATA_HOME/enroot
+    std::string config_path;       // ENROOT_CONFIG_PATH, default $XDG_CONFIG_HOME/enroot
     bool rootfs_writable = false;  // ENROOT_ROOTFS_WRITABLE (start --rw)
     bool remap_root = false;       // ENROOT_REMAP_ROOT (start --root)
     bool login_shell = true;       // ENROOT_LOGIN_SHELL

@@ -73,9 +73,11 @@ void empty_directory(int dir_fd, dev_t device, const std::string& path) {
             throw system_error("cannot stat " + child);
         }
         if (S_ISDIR(st.st_mode)) {
-            if (st.st_dev != device) throw Error("cannot remove " + child + ": it is a mount point");
-            UniqueFd sub(::openat(dir_fd, name.c_str(),
-                                  O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+            if (st.st_dev != device) {
+                throw Error("cannot remove " + child + ": it is a mount point");
+            }
+            UniqueFd sub(
+                ::openat(dir_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
             if (!sub && errno == EACCES) {
                 // overlayfs leaves its work directory at mode 000
                 if (::fchmodat(dir_fd, name.c_str(), 0700, 0) != 0) {

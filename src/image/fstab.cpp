@@ -12,16 +12,16 @@ namespace {
 // Options enroot's mount helper knows by name; a field made of these (or holding a comma) is
 // taken for the options field when fields before it were omitted.
 constexpr std::array<std::string_view, 53> kKnownOptions = {
-    "async",        "atime",         "bind",          "dev",         "diratime",
-    "dirsync",      "exec",          "iversion",      "loud",        "mand",
-    "noatime",      "nodev",         "nodiratime",    "noexec",      "noiversion",
-    "nomand",       "norelatime",    "nostrictatime", "nosuid",      "private",
-    "rbind",        "relatime",      "remount",       "ro",          "rprivate",
-    "rshared",      "rslave",        "runbindable",   "rw",          "shared",
-    "silent",       "slave",         "strictatime",   "suid",        "sync",
-    "unbindable",   "lazytime",      "nolazytime",    "auto",        "defaults",
-    "group",        "noauto",        "nofail",        "nogroup",     "noowner",
-    "nouser",       "nousers",       "owner",         "user",        "users",
+    "async",        "atime",         "bind",          "dev",     "diratime",
+    "dirsync",      "exec",          "iversion",      "loud",    "mand",
+    "noatime",      "nodev",         "nodiratime",    "noexec",  "noiversion",
+    "nomand",       "norelatime",    "nostrictatime", "nosuid",  "private",
+    "rbind",        "relatime",      "remount",       "ro",      "rprivate",
+    "rshared",      "rslave",        "runbindable",   "rw",      "shared",
+    "silent",       "slave",         "strictatime",   "suid",    "sync",
+    "unbindable",   "lazytime",      "nolazytime",    "auto",    "defaults",
+    "group",        "noauto",        "nofail",        "nogroup", "noowner",
+    "nouser",       "nousers",       "owner",         "user",    "users",
     "x-create=dir", "x-create=file", "x-create=auto",
 };
 
@@ -41,7 +41,8 @@ std::string unescape(std::string_view field) {
         if (field[i] == '\\' && i + 3 < field.size()) {
             std::string_view code = field.substr(i + 1, 3);
             if (code == "040" || code == "011" || code == "012" || code == "134") {
-                out += static_cast<char>((code[0] - '0') * 64 + (code[1] - '0') * 8 + (code[2] - '0'));
+                out +=
+                    static_cast<char>((code[0] - '0') * 64 + (code[1] - '0') * 8 + (code[2] - '0'));
                 i += 3;
                 continue;
             }

@@ -2,9 +2,10 @@
 // configuration script's mounts(), and enroot's colon-separated `--mount` arguments.
 //
 // enroot's extensions to fstab(5): targets are relative to the container's root; fields may be
-// omitted where they can be guessed ("tmpfs /tmp", "/src /dst", "/src bind"); `x-create=dir|file|auto`
-// creates the mount point; `x-move` and `x-detach` move or detach a mount; ${VAR} is substituted;
-// fs_passno orders the mounts (fs_freq stands in for it when only fs_freq is given).
+// omitted where they can be guessed ("tmpfs /tmp", "/src /dst", "/src bind");
+// `x-create=dir|file|auto` creates the mount point; `x-move` and `x-detach` move or detach a mount;
+// ${VAR} is substituted; fs_passno orders the mounts (fs_freq stands in for it when only fs_freq is
+// given).
 #pragma once
 
 #include <string>

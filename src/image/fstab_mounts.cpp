@@ -12,11 +12,12 @@ namespace {
 // Options that change nothing in a sandbox whose mounts are all private, nosuid and nodev, or
 // that only matter to mount(8).
 constexpr std::array<std::string_view, 33> kIgnoredOptions = {
-    "async",    "atime",      "dev",         "nodev",       "suid",   "nosuid",  "diratime",
-    "nodiratime", "dirsync",  "iversion",    "noiversion",  "mand",   "nomand",  "noatime",
-    "relatime", "norelatime", "strictatime", "nostrictatime", "lazytime", "nolazytime",
-    "sync",     "private",    "rprivate",    "shared",      "rshared", "slave",  "rslave",
-    "unbindable", "runbindable", "defaults", "auto",        "noauto", "silent",
+    "async",    "atime",      "dev",      "nodev",      "suid",        "nosuid",
+    "diratime", "nodiratime", "dirsync",  "iversion",   "noiversion",  "mand",
+    "nomand",   "noatime",    "relatime", "norelatime", "strictatime", "nostrictatime",
+    "lazytime", "nolazytime", "sync",     "private",    "rprivate",    "shared",
+    "rshared",  "slave",      "rslave",   "unbindable", "runbindable", "defaults",
+    "auto",     "noauto",     "silent",
 };
 constexpr std::array<std::string_view, 8> kMountCommandOptions = {
     "group", "nogroup", "owner", "noowner", "user", "nouser", "users", "nousers",
@@ -115,12 +116,11 @@ std::optional<MountSpec> mount_spec_from_fstab(const FstabEntry& entry, HostSour
             spec.create = MountSpec::Create::kFile;
         } else if (option == "x-create=auto") {
             spec.create = MountSpec::Create::kAuto;
-        } else if (option == "x-move" || option == "x-detach" || option == "loud") {
-            // handled below / the default
         } else if (option == "remount") {
             throw Error(entry.origin + ": remount entries are not supported");
-        } else if (contains(kIgnoredOptions, option) || contains(kMountCommandOptions, option)) {
-            // nothing to do in the sandbox
+        } else if (option == "x-move" || option == "x-detach" || option == "loud" ||
+                   contains(kIgnoredOptions, option) || contains(kMountCommandOptions, option)) {
+            // x-move and x-detach are handled below; the rest change nothing in the sandbox
         } else if (entry.type == "tmpfs") {
             size_t equals = option.find('=');
             spec.filesystem_options.emplace_back(
@@ -147,7 +147,8 @@ std::optional<MountSpec> mount_spec_from_fstab(const FstabEntry& entry, HostSour
     }
     if (entry.has_option("x-move")) {
         if (!starts_with_marker(entry.source)) {
-            throw Error(entry.origin + ": x-move needs a source inside the container (${ENROOT_ROOTFS}/...)");
+            throw Error(entry.origin +
+                        ": x-move needs a source inside the container (${ENROOT_ROOTFS}/...)");
         }
         spec.kind = MountSpec::Kind::kMove;
         spec.source_in = MountSpec::SourceIn::kSandbox;

@@ -104,8 +104,7 @@ void mount_bind(int root_fd, const MountSpec& spec, bool can_create) {
     attach_mount(tree.get(), target.get(), spec.origin);
 }
 
-void mount_tmpfs(int root_fd, const MountSpec& spec, const SandboxConfig& config,
-                 bool can_create) {
+void mount_tmpfs(int root_fd, const MountSpec& spec, const SandboxConfig& config, bool can_create) {
     MountOptions options = writable_tmpfs_options(config.tmpfs_size_bytes, "0755");
     for (const auto& [key, value] : spec.filesystem_options) {
         auto same = [&key = key](const auto& option) { return option.first == key; };
@@ -161,8 +160,8 @@ void apply_one(int root_fd, const MountSpec& spec, const SandboxConfig& config, 
 void apply_mount_table(int root_fd, const SandboxConfig& config, bool can_create) {
     std::vector<MountSpec> table;
     if (config.image_fstab) {
-        for (const auto& entry :
-             parse_fstab(read_image_fstab(root_fd), "the image's /etc/fstab", fstab_lookup(config))) {
+        for (const auto& entry : parse_fstab(read_image_fstab(root_fd), "the image's /etc/fstab",
+                                             fstab_lookup(config))) {
             try {
                 if (auto spec = mount_spec_from_fstab(entry, HostSources::kRefused)) {
                     table.push_back(std::move(*spec));

@@ -166,8 +166,7 @@ void exec_payload(const SandboxPlan& plan, int status_fd, int terminal_fd) {
     if (err == ENOENT) {
         fail_stage(status_fd, kExitNotFound, program + ": command not found");
     }
-    fail_stage(status_fd, kExitNotExecutable,
-               program + ": cannot execute: " + std::strerror(err));
+    fail_stage(status_fd, kExitNotExecutable, program + ": cannot execute: " + std::strerror(err));
 }
 
 }  // namespace sqbox

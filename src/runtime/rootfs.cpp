@@ -225,7 +225,8 @@ PreparedRoot mount_root_layers(const SandboxConfig& config) {
     prepared.writable = mount_overlay(root_path, lower, layer_dir);
     if (!prepared.writable) {
         if (!config.persistent_layer.empty()) {
-            throw Error("a container's persistent layer needs overlayfs, which is not permitted here");
+            throw Error(
+                "a container's persistent layer needs overlayfs, which is not permitted here");
         }
         bind_read_only_image(root_path);
     }

@@ -17,8 +17,8 @@ TEST(EnrootSettings, YesNoValuesFollowEnrootsRule) {
 
 TEST(EnrootSettings, DirectivesOverrideTheEnvironment) {
     EnrootSettings settings;
-    settings.apply({{"ENROOT_REMAP_ROOT", "y"}, {"ENROOT_LOGIN_SHELL", "no"},
-                    {"ENROOT_UNKNOWN", "y"}});
+    settings.apply(
+        {{"ENROOT_REMAP_ROOT", "y"}, {"ENROOT_LOGIN_SHELL", "no"}, {"ENROOT_UNKNOWN", "y"}});
     EXPECT_TRUE(settings.remap_root);
     EXPECT_FALSE(settings.login_shell);
     EXPECT_FALSE(settings.rootfs_writable);

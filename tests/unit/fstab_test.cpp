@@ -130,11 +130,11 @@ TEST(FstabMounts, TmpfsOptionsMoveDetachAndUnsupportedTypes) {
     EXPECT_EQ(detach->kind, MountSpec::Kind::kDetach);
     EXPECT_TRUE(detach->optional);
     // The image may not take sqbox's own mounts away; the user's configuration may.
-    EXPECT_THROW((void)mount_spec_from_fstab(parse("none /proc none x-detach\n")[0],
-                                             HostSources::kRefused),
-                 Error);
-    EXPECT_TRUE(mount_spec_from_fstab(parse("none /proc none x-detach\n")[0],
-                                      HostSources::kAllowed));
+    EXPECT_THROW(
+        (void)mount_spec_from_fstab(parse("none /proc none x-detach\n")[0], HostSources::kRefused),
+        Error);
+    EXPECT_TRUE(
+        mount_spec_from_fstab(parse("none /proc none x-detach\n")[0], HostSources::kAllowed));
 
     auto move = mount_spec_from_fstab(parse("${ENROOT_ROOTFS}/a /b none x-move\n")[0],
                                       HostSources::kRefused);
@@ -145,9 +145,9 @@ TEST(FstabMounts, TmpfsOptionsMoveDetachAndUnsupportedTypes) {
     EXPECT_FALSE(mount_spec_from_fstab(parse("none /x none rslave\n")[0], HostSources::kRefused));
     EXPECT_THROW((void)mount_spec_from_fstab(parse("proc /proc proc\n")[0], HostSources::kRefused),
                  Error);
-    EXPECT_THROW((void)mount_spec_from_fstab(parse("/a /b none bind,bogus\n")[0],
-                                             HostSources::kAllowed),
-                 Error);
+    EXPECT_THROW(
+        (void)mount_spec_from_fstab(parse("/a /b none bind,bogus\n")[0], HostSources::kAllowed),
+        Error);
 }
 
 }  // namespace
