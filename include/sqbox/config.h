@@ -24,7 +24,9 @@ struct MountSpec {
         kMove,    // move the mount at `source` (in the sandbox) to `destination` (enroot x-move)
         kDetach,  // detach the mount at `destination` (enroot x-detach)
     };
-    enum class SourceIn { kHost, kSandbox };
+    // kSupervisor: a file sqbox itself provides from its supervisor's private scratch root (the
+    // session driver of `sqbox serve`).
+    enum class SourceIn { kHost, kSandbox, kSupervisor };
     // How a missing mount point is created (enroot x-create): kAuto follows the source's kind.
     enum class Create { kNever, kDirectory, kFile, kAuto };
 

@@ -8,6 +8,7 @@
 #include "cli/enroot_command.h"
 #include "cli/run_command.h"
 #include "cli/seccomp_command.h"
+#include "cli/serve_command.h"
 #include "util/errors.h"
 
 namespace {
@@ -22,6 +23,8 @@ int run_main(int argc, char** argv) {
     app.require_subcommand(1);
     sqbox::cli::RunArguments run_args;
     CLI::App* run = sqbox::cli::add_run_subcommand(app, run_args);
+    sqbox::cli::ServeArguments serve_args;
+    CLI::App* serve = sqbox::cli::add_serve_subcommand(app, serve_args);
     sqbox::cli::SeccompCheckArguments check_args;
     CLI::App* seccomp_check = sqbox::cli::add_seccomp_subcommand(app, check_args);
 
@@ -63,6 +66,14 @@ int run_main(int argc, char** argv) {
         run_args.command = std::move(command);
         try {
             return sqbox::cli::execute_run(sqbox::cli::build_run_options(run_args));
+        } catch (const sqbox::Error& e) {
+            sqbox::print_error(e.what());
+            return sqbox::kExitSqboxFailure;
+        }
+    }
+    if (serve->parsed()) {
+        try {
+            return sqbox::cli::execute_serve(serve_args);
         } catch (const sqbox::Error& e) {
             sqbox::print_error(e.what());
             return sqbox::kExitSqboxFailure;

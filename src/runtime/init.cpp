@@ -139,11 +139,25 @@ StageReport supervise_payload(pid_t payload) {
     ::_exit(0);
 }
 
+// sqbox serve: the request's stdio becomes 0-2; everything else the long-lived supervisor holds
+// (other sandboxes' pipes, its control socket) is closed.
+void adopt_request_stdio(const InitContext& context) {
+    const SandboxPlan& plan = *context.plan;
+    if (plan.stdio_fds[0] < 0) return;
+    for (int fd = 0; fd < 3; ++fd) {
+        if (::dup2(plan.stdio_fds[static_cast<size_t>(fd)], fd) < 0) {
+            throw system_error("cannot set up the sandbox's stdio");
+        }
+    }
+    close_fds_except({context.report_fd, context.lifeline_fd, plan.channel_fd});
+}
+
 void run_init(const InitContext& context) {
     const SandboxPlan& plan = *context.plan;
     const SandboxConfig& config = *plan.config;
     try {
         die_with_supervisor(context.lifeline_fd);
+        adopt_request_stdio(context);
         if (!config.export_image_path.empty()) export_root(context, config);
         prepare_sandbox(config);
     } catch (const Error& e) {

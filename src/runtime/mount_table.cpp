@@ -94,6 +94,8 @@ void mount_bind(int root_fd, const MountSpec& spec, bool can_create) {
     if (spec.source_in == MountSpec::SourceIn::kHost) {
         tree = clone_mount_tree(AT_FDCWD, std::string(kOldRootDir) + spec.source, spec.recursive,
                                 spec.origin);
+    } else if (spec.source_in == MountSpec::SourceIn::kSupervisor) {
+        tree = clone_mount_tree(AT_FDCWD, spec.source, spec.recursive, spec.origin);
     } else {
         UniqueFd source =
             resolve_in_root(root_fd, spec.source, EntryKind::kAny, false, spec.origin);

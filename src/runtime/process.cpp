@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
@@ -30,6 +31,20 @@ pid_t clone_process(unsigned long namespace_flags, const char* purpose) {
         throw Error(std::string("cannot create ") + purpose + ": " + std::strerror(err) + hint);
     }
     return static_cast<pid_t>(pid);
+}
+
+void close_fds_except(std::vector<int> keep) {
+    keep.push_back(STDERR_FILENO);
+    std::sort(keep.begin(), keep.end());
+    unsigned first = STDERR_FILENO + 1;
+    for (int fd : keep) {
+        if (fd < static_cast<int>(first)) continue;
+        if (static_cast<unsigned>(fd) > first) {
+            (void)::syscall(SYS_close_range, first, static_cast<unsigned>(fd) - 1, 0U);
+        }
+        first = static_cast<unsigned>(fd) + 1;
+    }
+    (void)::syscall(SYS_close_range, first, ~0U, 0U);
 }
 
 void die_with_parent(pid_t expected_parent) {

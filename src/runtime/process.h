@@ -4,6 +4,7 @@
 #include <sys/types.h>
 
 #include <optional>
+#include <vector>
 
 namespace sqbox {
 
@@ -41,6 +42,10 @@ class ChildProcess {
   private:
     pid_t pid_ = -1;
 };
+
+// Closes every descriptor except `keep` and stdio: nothing the caller leaked into sqbox (or a
+// long-lived sqbox process holds for other sandboxes) stays open in a sandbox's processes.
+void close_fds_except(std::vector<int> keep);
 
 // Exit status as a shell reports it: the code, or 128+N for death by signal N.
 int shell_status(int wait_status);

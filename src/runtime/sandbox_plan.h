@@ -3,6 +3,8 @@
 // once, then only read by the supervisor, init and the payload (they get copies via fork).
 #pragma once
 
+#include <array>
+
 #include <optional>
 #include <string>
 #include <vector>
@@ -18,6 +20,10 @@ struct SandboxPlan {
     int landlock_abi = 0;                  // 0: Landlock unavailable, not applied
     ResourceLimits rlimits;                // what the payload applies with setrlimit(2)
     int diagnostics_fd = -1;               // where sqbox's own messages go (stderr when -1)
+    // The payload's stdin, stdout and stderr when they are not the process's own 0-2 (sqbox
+    // serve starts sandboxes from a long-lived process): init moves them to 0-2 and closes every
+    // other descriptor it did not get from this plan.
+    std::array<int, 3> stdio_fds = {-1, -1, -1};
     // Init's end of a SOCK_SEQPACKET channel to the launcher: init first receives the files that
     // move it into the sandbox's cgroup ('c', or 'e' with an error), then with --tty sends the
     // terminal's master ('t').

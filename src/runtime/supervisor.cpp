@@ -30,22 +30,6 @@ using Clock = std::chrono::steady_clock;
 constexpr unsigned long kSandboxNamespaces =
     CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNS;
 
-// Closes every descriptor except `keep` (and stdio): nothing the caller leaked into sqbox stays
-// open in the long-lived processes of the sandbox.
-void close_other_fds(std::vector<int> keep) {
-    keep.push_back(STDERR_FILENO);
-    std::sort(keep.begin(), keep.end());
-    unsigned first = STDERR_FILENO + 1;
-    for (int fd : keep) {
-        if (fd < static_cast<int>(first)) continue;
-        if (static_cast<unsigned>(fd) > first) {
-            (void)::syscall(SYS_close_range, first, static_cast<unsigned>(fd) - 1, 0U);
-        }
-        first = static_cast<unsigned>(fd) + 1;
-    }
-    (void)::syscall(SYS_close_range, first, ~0U, 0U);
-}
-
 std::string format_seconds(double seconds) {
     char buffer[32];
     (void)std::snprintf(buffer, sizeof buffer, "%g", seconds);
@@ -67,7 +51,7 @@ void run_supervisor(const SupervisorContext& context) {
         for (int fd : {plan.diagnostics_fd, plan.channel_fd}) {
             if (fd >= 0) keep.push_back(fd);
         }
-        close_other_fds(keep);
+        close_fds_except(keep);
 
         const IdMapping ids{config.map_root ? 0 : config.outside_uid,
                             config.map_root ? 0 : config.outside_gid, config.outside_uid,

@@ -9,15 +9,17 @@
 namespace sqbox {
 namespace {
 
-constexpr size_t kMaxText = 1024;
+// Messages stay well below a socket's default buffer; anything bigger travels in a memfd.
+constexpr size_t kMaxText = 64 * 1024;
 
 }  // namespace
 
 void send_fd_message(int socket_fd, char tag, std::string_view text, const std::vector<int>& fds,
                      const std::string& what) {
     if (fds.size() > kMaxPassedFds) throw Error(what + ": too many descriptors");
+    if (text.size() > kMaxText) throw Error(what + ": message too long");
     std::string data(1, tag);
-    data.append(text.substr(0, kMaxText));
+    data.append(text);
     iovec vector{data.data(), data.size()};
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxPassedFds)] = {};
     msghdr message{};
@@ -38,8 +40,8 @@ void send_fd_message(int socket_fd, char tag, std::string_view text, const std::
 }
 
 std::optional<FdMessage> receive_fd_message(int socket_fd) {
-    char data[1 + kMaxText];
-    iovec vector{data, sizeof data};
+    std::vector<char> data(1 + kMaxText);
+    iovec vector{data.data(), data.size()};
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxPassedFds)] = {};
     msghdr message{};
     message.msg_iov = &vector;
@@ -53,7 +55,7 @@ std::optional<FdMessage> receive_fd_message(int socket_fd) {
     if (n <= 0) return std::nullopt;
     FdMessage received;
     received.tag = data[0];
-    received.text.assign(data + 1, static_cast<size_t>(n) - 1);
+    received.text.assign(data.data() + 1, static_cast<size_t>(n) - 1);
     for (cmsghdr* header = CMSG_FIRSTHDR(&message); header != nullptr;
          header = CMSG_NXTHDR(&message, header)) {
         if (header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_RIGHTS) continue;

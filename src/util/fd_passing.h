@@ -12,7 +12,7 @@
 
 namespace sqbox {
 
-inline constexpr size_t kMaxPassedFds = 4;
+inline constexpr size_t kMaxPassedFds = 8;
 
 struct FdMessage {
     char tag = 0;  // what the message is, agreed by both sides

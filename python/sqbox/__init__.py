@@ -1,0 +1,30 @@
+"""Python client for sqbox, a rootless Linux sandbox that runs commands from squashfs images.
+
+- `run(image, cmd)`: one command in a fresh sandbox (`sqbox run`).
+- `Sandbox(image)`: a `sqbox serve` server for many runs and persistent Python `Session`s,
+  usable from many threads; `AsyncSandbox`/`AsyncSession` are the asyncio equivalents.
+
+The binary is the `binary=` argument, else `$SQBOX_BIN`, else `sqbox` on `$PATH`.
+"""
+from ._aio import AsyncSandbox, AsyncSession
+from ._binary import find_binary
+from ._errors import SandboxExecError, SessionDead, SqboxError
+from ._results import ExecError, ExecResult, Result
+from ._sync import Sandbox, Session, run
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncSandbox",
+    "AsyncSession",
+    "ExecError",
+    "ExecResult",
+    "Result",
+    "Sandbox",
+    "SandboxExecError",
+    "Session",
+    "SessionDead",
+    "SqboxError",
+    "find_binary",
+    "run",
+]

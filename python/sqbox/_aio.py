@@ -1,0 +1,395 @@
+"""The asyncio client: `AsyncSandbox`/`AsyncSession` over `sqbox serve`."""
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import inspect
+import itertools
+import os
+from typing import Any, Callable, Deque, Dict, Iterable, List, Mapping, Optional, Sequence, Set
+
+from . import _protocol as proto
+from ._binary import PathLike, find_binary
+from ._errors import SqboxError
+from ._protocol import Command, MountSpec, Size, Stdin, ToolsArg
+from ._results import ExecResult, Result
+from ._sync import CLOSE_TIMEOUT, STDERR_TAIL
+
+
+def _pick(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+class AsyncSandbox:
+    """A `sqbox serve IMAGE` server for asyncio: runs commands and hosts sessions.
+
+    `async with AsyncSandbox(image) as sandbox:` starts it (or `await sandbox.start()`), and
+    `aclose()` shuts it down. Arguments as for `Sandbox`. Any number of coroutines may use it
+    at once; one reader task routes the replies.
+    """
+
+    def __init__(self, image: PathLike, *, binary: Optional[PathLike] = None,
+                 max_parallel: Optional[int] = None, pool: Optional[int] = None,
+                 timeout: Optional[float] = None, memory: Optional[Size] = None,
+                 mounts: Optional[Iterable[MountSpec]] = None,
+                 env: Optional[Mapping[str, Any]] = None, output_limit: Optional[int] = None,
+                 extra_args: Sequence[str] = (), start_timeout: float = 60.0) -> None:
+        self.image = os.fspath(image)
+        self._timeout = timeout
+        self._memory = memory
+        self._mounts: List[MountSpec] = list(mounts or ())
+        self._env = proto.normalize_env(env)
+        self._output_limit = output_limit
+        self._start_timeout = start_timeout
+        self._argv = proto.serve_argv(find_binary(binary), self.image,
+                                      max_parallel=max_parallel, pool=pool,
+                                      extra_args=extra_args)
+        self._proc: Optional[asyncio.subprocess.Process] = None
+        self._pending: Dict[Any, "asyncio.Future[Dict[str, Any]]"] = {}
+        self._sessions: Dict[str, AsyncSession] = {}
+        self._ids = itertools.count(1)
+        self._write_lock: Optional[asyncio.Lock] = None
+        self._closed = False
+        self._lost: Optional[SqboxError] = None
+        self._reader: Optional["asyncio.Task[None]"] = None
+        self._stderr_task: Optional["asyncio.Task[None]"] = None
+        self._tool_tasks: Set["asyncio.Task[None]"] = set()
+        self._stderr_tail: Deque[bytes] = collections.deque()
+        self._stderr_size = 0
+        self.version = ""
+
+    # -- public API ---------------------------------------------------------------------------
+
+    async def start(self) -> "AsyncSandbox":
+        """Start the server and check that it answers; returns self."""
+        if self._proc is not None:
+            raise SqboxError("the sandbox was already started")
+        # Created here, inside the running loop (Python 3.8/3.9 bind locks to a loop at birth).
+        self._write_lock = asyncio.Lock()
+        # A plain child: if this process dies, the server sees EOF and cleans up after itself.
+        self._proc = await asyncio.create_subprocess_exec(
+            *self._argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, limit=proto.MAX_LINE)
+        self._stderr_task = asyncio.ensure_future(self._drain_stderr())
+        self._reader = asyncio.ensure_future(self._read_replies())
+        try:
+            reply = await self._request({"op": "ping"}, timeout=self._start_timeout)
+            self.version = str(reply.get("version", ""))
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    @property
+    def pid(self) -> int:
+        """Process id of the `sqbox serve` server."""
+        if self._proc is None:
+            raise SqboxError("the sandbox is not started")
+        return self._proc.pid
+
+    async def ping(self, timeout: Optional[float] = None) -> str:
+        """Check that the server answers; returns its version string."""
+        reply = await self._request({"op": "ping"}, timeout=timeout)
+        proto.raise_for_reply(reply, "ping")
+        return str(reply.get("version", ""))
+
+    async def run(self, cmd: Command, *, timeout: Optional[float] = None,
+                  memory: Optional[Size] = None, mounts: Optional[Iterable[MountSpec]] = None,
+                  env: Optional[Mapping[str, Any]] = None, stdin: Stdin = None,
+                  output_limit: Optional[int] = None) -> Result:
+        """Run `cmd` in a fresh sandbox and return its `Result` (as `Sandbox.run`)."""
+        request = proto.run_request(
+            cmd, timeout=_pick(timeout, self._timeout), memory=_pick(memory, self._memory),
+            mounts=self._mounts + list(mounts or ()), env=proto.merge_env(self._env, env),
+            stdin=stdin, output_limit=_pick(output_limit, self._output_limit))
+        return proto.result_from_reply(await self._request(request))
+
+    async def session(self, *, env: Optional[Mapping[str, Any]] = None,
+                      mounts: Optional[Iterable[MountSpec]] = None,
+                      memory: Optional[Size] = None, tools: ToolsArg = None,
+                      timeout: Optional[float] = None,
+                      output_limit: Optional[int] = None) -> "AsyncSession":
+        """Open an `AsyncSession` (as `Sandbox.session`); tools may be sync or async functions."""
+        functions = proto.collect_tools(tools)
+        request = proto.session_open_request(
+            env=proto.merge_env(self._env, env), mounts=self._mounts + list(mounts or ()),
+            memory=_pick(memory, self._memory),
+            output_limit=_pick(output_limit, self._output_limit), tools=list(functions))
+        reply = await self._request(request)
+        proto.raise_for_reply(reply, "session_open")
+        session = AsyncSession(self, str(reply["session"]), functions,
+                               _pick(timeout, self._timeout))
+        self._sessions[session.id] = session
+        return session
+
+    async def aclose(self, timeout: float = CLOSE_TIMEOUT) -> None:
+        """Shut the server down, killing every sandbox; waits up to `timeout` s, then kills it."""
+        if self._closed:
+            return
+        self._closed = True
+        for session in self._sessions.values():
+            session._closed = True
+        self._sessions.clear()
+        proc = self._proc
+        if proc is None:
+            return
+        try:
+            await self._send(proto.encode({"op": "shutdown", "id": "shutdown"}))
+        except SqboxError:
+            pass
+        try:
+            proc.stdin.close()  # EOF: the server exits even if it missed the shutdown
+        except OSError:
+            pass
+        try:
+            await asyncio.wait_for(proc.wait(), timeout)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+        for task in (self._reader, self._stderr_task):
+            if task is not None:
+                await asyncio.gather(task, return_exceptions=True)
+        for task in list(self._tool_tasks):
+            task.cancel()
+
+    @property
+    def closed(self) -> bool:
+        """True once `aclose()` was called."""
+        return self._closed
+
+    async def __aenter__(self) -> "AsyncSandbox":
+        return await self.start()
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.aclose()
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    async def _request(self, message: Dict[str, Any], timeout: Optional[float] = None,
+                       ) -> Dict[str, Any]:
+        self._check_usable()
+        request_id = next(self._ids)
+        future: "asyncio.Future[Dict[str, Any]]" = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        try:
+            await self._send(proto.encode(dict(message, id=request_id)))
+            if timeout is None:
+                return await future
+            return await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError:
+            raise SqboxError(f"no reply to {message['op']!r} within {timeout} s",
+                             stderr=self._stderr_text()) from None
+        finally:
+            # Also on cancellation: a late reply then finds no taker and is dropped.
+            self._pending.pop(request_id, None)
+
+    def _check_usable(self) -> None:
+        if self._proc is None:
+            raise SqboxError("the sandbox is not started (use 'async with' or start())")
+        if self._closed:
+            raise SqboxError("the sandbox is closed")
+        if self._lost is not None:
+            raise SqboxError(str(self._lost.args[0]), stderr=self._lost.stderr)
+
+    async def _send(self, line: bytes) -> None:
+        assert self._proc is not None and self._write_lock is not None
+        # One writer at a time: concurrent drain() calls are not allowed before Python 3.10.
+        async with self._write_lock:
+            try:
+                self._proc.stdin.write(line)
+                await self._proc.stdin.drain()
+            except (OSError, RuntimeError, AttributeError):  # pipe closed or broken
+                raise SqboxError("cannot send to sqbox serve: it has exited",
+                                 stderr=self._stderr_text()) from None
+
+    async def _read_replies(self) -> None:
+        assert self._proc is not None
+        stdout = self._proc.stdout
+        try:
+            while True:
+                line = await stdout.readline()
+                if not line:
+                    break
+                try:
+                    message = proto.decode(line)
+                except ValueError:
+                    self._note_stderr(b"sqbox client: unreadable line from server: "
+                                      + line[:200] + b"\n")
+                    continue
+                if proto.is_tool_call(message):
+                    self._dispatch_tool_call(proto.ToolCall(message))
+                elif "event" not in message:
+                    future = self._pending.pop(message.get("id"), None)
+                    if future is not None and not future.done():
+                        future.set_result(message)
+        except (ValueError, asyncio.LimitOverrunError) as exc:  # a line beyond MAX_LINE
+            self._note_stderr(f"sqbox client: {exc}\n".encode())
+        finally:
+            await self._connection_lost()
+
+    async def _connection_lost(self) -> None:
+        assert self._proc is not None
+        try:
+            await asyncio.wait_for(self._proc.wait(), 5)
+        except asyncio.TimeoutError:
+            pass
+        if self._stderr_task is not None:
+            await asyncio.wait([self._stderr_task], timeout=2)
+        if self._closed:
+            error = SqboxError("the sandbox was closed")
+        else:
+            error = SqboxError(f"sqbox serve exited unexpectedly (status "
+                               f"{self._proc.returncode})", stderr=self._stderr_text())
+        self._lost = error
+        pending = list(self._pending.values())
+        self._pending.clear()
+        for future in pending:
+            if not future.done():
+                future.set_exception(SqboxError(str(error.args[0]), stderr=error.stderr))
+
+    def _dispatch_tool_call(self, call: proto.ToolCall) -> None:
+        session = self._sessions.get(call.session)  # type: ignore[arg-type]
+        if session is None:
+            coroutine = self._send_quietly(proto.tool_result_message(
+                call.session, call.call_id, error=LookupError("no such session")))
+        else:
+            coroutine = session._answer_tool_call(call)
+        # Tools run in their own tasks so the reader keeps routing replies meanwhile.
+        task = asyncio.ensure_future(coroutine)
+        self._tool_tasks.add(task)
+        task.add_done_callback(self._tool_tasks.discard)
+
+    async def _send_quietly(self, line: bytes) -> None:
+        try:
+            await self._send(line)
+        except SqboxError:
+            pass
+
+    async def _drain_stderr(self) -> None:
+        assert self._proc is not None
+        while True:
+            chunk = await self._proc.stderr.read(65536)
+            if not chunk:
+                break
+            self._note_stderr(chunk)
+
+    def _note_stderr(self, chunk: bytes) -> None:
+        self._stderr_tail.append(chunk)
+        self._stderr_size += len(chunk)
+        while self._stderr_size > STDERR_TAIL and len(self._stderr_tail) > 1:
+            self._stderr_size -= len(self._stderr_tail.popleft())
+
+    def _stderr_text(self) -> str:
+        return b"".join(self._stderr_tail).decode("utf-8", "replace")
+
+
+class AsyncSession:
+    """A persistent Python interpreter in its own sandbox; made by `AsyncSandbox.session()`.
+
+    Use as `async with`, or `await aclose()`.
+    """
+
+    def __init__(self, sandbox: AsyncSandbox, session_id: str,
+                 tools: Dict[str, Callable[..., Any]], timeout: Optional[float]) -> None:
+        self._sandbox = sandbox
+        self._id = session_id
+        self._tools = dict(tools)
+        self._timeout = timeout
+        self._closed = False
+
+    @property
+    def id(self) -> str:
+        """The server's id of this session."""
+        return self._id
+
+    @property
+    def tools(self) -> Dict[str, Callable[..., Any]]:
+        """The registered tools, by name (a copy)."""
+        return dict(self._tools)
+
+    async def execute(self, code: str, *, timeout: Optional[float] = None) -> ExecResult:
+        """Run `code` in the session's namespace and return its `ExecResult` (as
+        `Session.execute`); raises `SessionDead` if the interpreter died."""
+        reply = await self._call(proto.exec_request(self._id, code,
+                                                    _pick(timeout, self._timeout)))
+        return proto.exec_result_from_reply(reply)
+
+    async def put(self, path: str, data: bytes) -> None:
+        """Write `data` to the file `path` inside the session's sandbox (at most 64 MiB)."""
+        reply = await self._call(proto.put_request(self._id, path, data))
+        proto.raise_for_reply(reply, "put")
+
+    async def get(self, path: str) -> bytes:
+        """Read the file `path` from inside the session's sandbox (at most 64 MiB)."""
+        reply = await self._call({"op": "get", "session": self._id, "path": path})
+        return proto.data_from_get_reply(reply)
+
+    async def reset(self) -> None:
+        """Replace the interpreter by a fresh one in a fresh sandbox (same id and tools)."""
+        proto.raise_for_reply(await self._call({"op": "reset", "session": self._id}), "reset")
+
+    async def register_tool(self, fn: Callable[..., Any], name: Optional[str] = None,
+                            ) -> Callable[..., Any]:
+        """Make `fn` (a function or coroutine function) callable inside as `tools.NAME(...)`.
+
+        Sync functions run in the loop's default executor, coroutine functions on the loop.
+        Returns `fn`.
+        """
+        tool = proto.tool_name(fn, name)
+        names = dict(self._tools, **{tool: fn})
+        # Registered locally first, so a call arriving right after the server knows it works.
+        self._tools = names
+        reply = await self._call({"op": "tools", "session": self._id, "names": list(names)})
+        proto.raise_for_reply(reply, "tools")
+        return fn
+
+    async def aclose(self) -> None:
+        """Destroy the session's sandbox; closing twice, or after the sandbox closed, is a no-op."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            # The reply is not checked: a dead or unknown session is as closed as can be.
+            await self._sandbox._request({"op": "close", "session": self._id})
+        except SqboxError:
+            if not (self._sandbox.closed or self._sandbox._lost):
+                raise
+        finally:
+            self._sandbox._sessions.pop(self._id, None)
+
+    @property
+    def closed(self) -> bool:
+        """True once the session (or its sandbox) was closed."""
+        return self._closed
+
+    async def __aenter__(self) -> "AsyncSession":
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.aclose()
+
+    async def _call(self, message: Dict[str, Any]) -> Dict[str, Any]:
+        if self._closed:
+            raise SqboxError(f"session {self._id} is closed")
+        return await self._sandbox._request(message)
+
+    async def _answer_tool_call(self, call: proto.ToolCall) -> None:
+        fn = self._tools.get(call.name)  # type: ignore[arg-type]
+        if fn is None:
+            line = proto.tool_result_message(self._id, call.call_id,
+                                             error=NameError(f"no tool named {call.name!r}"))
+        else:
+            try:
+                if inspect.iscoroutinefunction(fn):
+                    result = await fn(*call.args, **call.kwargs)
+                else:
+                    loop = asyncio.get_running_loop()
+                    result = await loop.run_in_executor(
+                        None, functools.partial(fn, *call.args, **call.kwargs))
+                    if inspect.isawaitable(result):  # e.g. a lambda returning a coroutine
+                        result = await result
+                line = proto.tool_result_message(self._id, call.call_id, result=result)
+            except Exception as exc:  # the tool's failure is the sandboxed caller's to handle
+                line = proto.tool_result_message(self._id, call.call_id, error=exc)
+        await self._sandbox._send_quietly(line)

@@ -1,0 +1,361 @@
+"""The `sqbox serve` wire protocol (src/session/PROTOCOL.md): building requests, reading replies.
+
+Shared by the threaded client (_sync) and the asyncio client (_aio), and by the one-shot
+`run`, which uses the same argument normalisation to build a `sqbox run` command line.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple,
+                    Union)
+
+from ._errors import SessionDead, SqboxError
+from ._results import ExecError, ExecResult, Result
+
+# Public argument types.
+Command = Union[str, Sequence[str]]
+MountSpec = Union[Tuple[str, str], Tuple[str, str, str], Mapping[str, Any]]
+Size = Union[int, str]
+Stdin = Union[str, bytes, None]
+ToolsArg = Union[Mapping[str, Callable[..., Any]], Iterable[Callable[..., Any]], None]
+
+# A reply line can carry a 64 MiB file, base64-encoded, plus JSON framing.
+MAX_LINE = 256 * 1024 * 1024
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument normalisation
+
+
+def normalize_command(cmd: Command) -> List[str]:
+    """A string runs through `sh -c`; a sequence is the argv itself."""
+    if isinstance(cmd, str):
+        return ["sh", "-c", cmd]
+    if isinstance(cmd, bytes):
+        raise TypeError("cmd must be a str or a sequence of str, not bytes")
+    argv = [os.fspath(part) for part in cmd]
+    if not argv:
+        raise ValueError("cmd is empty")
+    for part in argv:
+        if not isinstance(part, str):
+            raise TypeError(f"cmd elements must be str, got {type(part).__name__}")
+    return argv
+
+
+def normalize_mounts(mounts: Optional[Iterable[MountSpec]]) -> List[Dict[str, Any]]:
+    """Mounts as the protocol's {source, target, read_only} objects, sources made absolute."""
+    result = []
+    for mount in mounts or ():
+        if isinstance(mount, Mapping):
+            unknown = set(mount) - {"source", "target", "read_only"}
+            if unknown:
+                raise ValueError(f"unknown mount keys: {sorted(unknown)}")
+            source, target = mount["source"], mount["target"]
+            read_only = bool(mount.get("read_only", False))
+        else:
+            parts = tuple(mount)
+            if len(parts) == 2:
+                (source, target), mode = parts, "rw"
+            elif len(parts) == 3:
+                source, target, mode = parts
+            else:
+                raise ValueError(f"a mount is (source, target) or (source, target, mode): "
+                                 f"{mount!r}")
+            if mode not in ("ro", "rw"):
+                raise ValueError(f"mount mode must be 'ro' or 'rw', got {mode!r}")
+            read_only = mode == "ro"
+        result.append({"source": os.path.abspath(os.fspath(source)),
+                       "target": os.fspath(target), "read_only": read_only})
+    return result
+
+
+def normalize_env(env: Optional[Mapping[str, Any]]) -> Dict[str, str]:
+    """Environment variables as str → str; a key may not contain '='."""
+    result = {}
+    for key, value in (env or {}).items():
+        if not isinstance(key, str) or not key or "=" in key:
+            raise ValueError(f"invalid environment variable name: {key!r}")
+        result[key] = str(value)
+    return result
+
+
+def size_text(size: Size) -> str:
+    """A size as sqbox spells it: a byte count or a string such as '512M'."""
+    if isinstance(size, bool) or not isinstance(size, (int, str)):
+        raise TypeError(f"a size is an int (bytes) or a str such as '1G', got {size!r}")
+    return str(size)
+
+
+def check_network(network: bool) -> None:
+    if network:
+        raise ValueError("sqbox sandboxes have no network (loopback only); network=True "
+                         "cannot be honoured")
+
+
+def merge_env(default: Optional[Mapping[str, Any]],
+              override: Optional[Mapping[str, Any]]) -> Dict[str, str]:
+    merged = normalize_env(default)
+    merged.update(normalize_env(override))
+    return merged
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests
+
+
+def _common_options(*, timeout: Optional[float] = None, memory: Optional[Size] = None,
+                    mounts: Optional[Iterable[MountSpec]] = None,
+                    env: Optional[Mapping[str, Any]] = None,
+                    output_limit: Optional[int] = None) -> Dict[str, Any]:
+    request: Dict[str, Any] = {}
+    if timeout is not None:
+        request["timeout"] = float(timeout)
+    if memory is not None:
+        request["memory"] = size_text(memory)
+    mount_list = normalize_mounts(mounts)
+    if mount_list:
+        request["mounts"] = mount_list
+    env_map = normalize_env(env)
+    if env_map:
+        request["env"] = env_map
+    if output_limit is not None:
+        request["output_limit"] = int(output_limit)
+    return request
+
+
+def run_request(cmd: Command, *, timeout: Optional[float], memory: Optional[Size],
+                mounts: Optional[Iterable[MountSpec]], env: Optional[Mapping[str, Any]],
+                stdin: Stdin, output_limit: Optional[int]) -> Dict[str, Any]:
+    """The `run` op. Output is asked for in base64 so that `*_bytes` are exact."""
+    request = {"op": "run", "command": normalize_command(cmd), "binary": True}
+    request.update(_common_options(timeout=timeout, memory=memory, mounts=mounts, env=env,
+                                   output_limit=output_limit))
+    if isinstance(stdin, str):
+        request["stdin"] = stdin
+    elif isinstance(stdin, (bytes, bytearray, memoryview)):
+        request["stdin_b64"] = base64.b64encode(bytes(stdin)).decode("ascii")
+    elif stdin is not None:
+        raise TypeError("stdin must be str, bytes or None")
+    return request
+
+
+def session_open_request(*, env: Optional[Mapping[str, Any]],
+                         mounts: Optional[Iterable[MountSpec]], memory: Optional[Size],
+                         output_limit: Optional[int], tools: Sequence[str]) -> Dict[str, Any]:
+    request = {"op": "session_open", "tools": list(tools)}
+    request.update(_common_options(memory=memory, mounts=mounts, env=env,
+                                   output_limit=output_limit))
+    return request
+
+
+def exec_request(session: str, code: str, timeout: Optional[float]) -> Dict[str, Any]:
+    if not isinstance(code, str):
+        raise TypeError("code must be a str")
+    request: Dict[str, Any] = {"op": "exec", "session": session, "code": code}
+    if timeout is not None:
+        request["timeout"] = float(timeout)
+    return request
+
+
+def put_request(session: str, path: str, data: bytes) -> Dict[str, Any]:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError("data must be bytes")
+    return {"op": "put", "session": session, "path": path,
+            "data_b64": base64.b64encode(bytes(data)).decode("ascii")}
+
+
+def encode(message: Mapping[str, Any]) -> bytes:
+    """One protocol line. ASCII-only JSON, so no newline can appear inside it; NaN and
+    infinities are refused (ValueError) because they are not JSON."""
+    return json.dumps(message, separators=(",", ":"), allow_nan=False).encode("ascii") + b"\n"
+
+
+def decode(line: bytes) -> Dict[str, Any]:
+    message = json.loads(line)
+    if not isinstance(message, dict):
+        raise ValueError(f"not a JSON object: {line[:200]!r}")
+    return message
+
+
+# ---------------------------------------------------------------------------------------------
+# Tools
+
+
+def collect_tools(tools: ToolsArg) -> Dict[str, Callable[..., Any]]:
+    """Tools given as a {name: callable} mapping or as callables named by their __name__."""
+    if tools is None:
+        return {}
+    if isinstance(tools, Mapping):
+        items = dict(tools)
+    else:
+        items = {tool_name(fn): fn for fn in tools}
+    for name, fn in items.items():
+        if not callable(fn):
+            raise TypeError(f"tool {name!r} is not callable")
+        check_tool_name(name)
+    return items
+
+
+def tool_name(fn: Callable[..., Any], name: Optional[str] = None) -> str:
+    name = name if name is not None else getattr(fn, "__name__", None)
+    if not name:
+        raise ValueError(f"cannot tell the name of tool {fn!r}; pass name=")
+    check_tool_name(name)
+    return name
+
+
+def check_tool_name(name: str) -> None:
+    # Tools are called as attributes of `tools` inside the sandbox.
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"a tool name must be a Python identifier, got {name!r}")
+
+
+def tool_result_message(session: str, call_id: Any, *, result: Any = None,
+                        error: Optional[BaseException] = None) -> bytes:
+    """The encoded `tool_result` line; a result that is not JSON-serialisable becomes an error."""
+    message: Dict[str, Any] = {"op": "tool_result", "session": session, "call_id": call_id}
+    if error is None:
+        message["result"] = result
+        try:
+            return encode(message)
+        except (TypeError, ValueError) as exc:
+            error = TypeError(f"tool result is not JSON-serialisable: {exc}")
+            del message["result"]
+    message["error"] = {"type": type(error).__name__, "message": str(error)}
+    return encode(message)
+
+
+class ToolCall:
+    """A `tool_call` event from the server."""
+
+    __slots__ = ("session", "call_id", "name", "args", "kwargs")
+
+    def __init__(self, message: Mapping[str, Any]) -> None:
+        self.session = message.get("session")
+        self.call_id = message.get("call_id")
+        self.name = message.get("name")
+        self.args = list(message.get("args") or [])
+        self.kwargs = dict(message.get("kwargs") or {})
+
+
+def is_tool_call(message: Mapping[str, Any]) -> bool:
+    return message.get("event") == "tool_call"
+
+
+# ---------------------------------------------------------------------------------------------
+# Replies
+
+
+def raise_for_reply(reply: Mapping[str, Any], what: str) -> None:
+    """Raise `SessionDead` or `SqboxError` for an `ok: false` reply."""
+    if reply.get("ok", False):
+        return
+    error = reply.get("error") or {}
+    if isinstance(error, Mapping):
+        text = f"{error.get('type', 'Error')}: {error.get('message', '')}".rstrip(": ")
+    else:
+        text = str(error)
+    stderr = reply.get("stderr") or ""
+    if reply.get("session_dead"):
+        raise SessionDead(f"{what}: session is dead: {text}", stderr=stderr)
+    raise SqboxError(f"{what} failed: {text}", stderr=stderr)
+
+
+def _output(reply: Mapping[str, Any], name: str) -> bytes:
+    if f"{name}_b64" in reply:
+        return base64.b64decode(reply[f"{name}_b64"] or "")
+    return (reply.get(name) or "").encode("utf-8")
+
+
+def result_from_reply(reply: Mapping[str, Any]) -> Result:
+    """The `Result` of a `run` reply; raises `SqboxError` when sqbox failed to run the command."""
+    raise_for_reply(reply, "run")
+    stdout, stderr = _output(reply, "stdout"), _output(reply, "stderr")
+    exit_code = int(reply["exit_code"])
+    if exit_code == 125 and reply.get("error"):
+        raise SqboxError(f"sqbox failed: {reply['error']}",
+                         stderr=stderr.decode("utf-8", "replace"))
+    return make_result(reply, exit_code, stdout, stderr)
+
+
+def make_result(record: Mapping[str, Any], exit_code: int, stdout: bytes,
+                stderr: bytes) -> Result:
+    return Result(
+        exit_code=exit_code,
+        signal=record.get("signal"),
+        timed_out=bool(record.get("timed_out", False)),
+        oom_killed=bool(record.get("oom_killed", False)),
+        stdout=stdout.decode("utf-8", "replace"),
+        stderr=stderr.decode("utf-8", "replace"),
+        stdout_bytes=stdout,
+        stderr_bytes=stderr,
+        stdout_truncated=bool(record.get("stdout_truncated", False)),
+        stderr_truncated=bool(record.get("stderr_truncated", False)),
+        wall_ms=float(record.get("wall_ms") or 0.0),
+        cpu_ms=float(record.get("cpu_ms") or 0.0),
+    )
+
+
+def exec_result_from_reply(reply: Mapping[str, Any]) -> ExecResult:
+    raise_for_reply(reply, "exec")
+    error = reply.get("error")
+    exec_error = None
+    if error:
+        exec_error = ExecError(type=str(error.get("type", "")),
+                               message=str(error.get("message", "")),
+                               traceback=str(error.get("traceback") or ""))
+    return ExecResult(
+        stdout=reply.get("stdout") or "",
+        stderr=reply.get("stderr") or "",
+        value=reply.get("value"),
+        error=exec_error,
+        timed_out=bool(reply.get("timed_out", False)),
+        stdout_truncated=bool(reply.get("stdout_truncated", False)),
+        stderr_truncated=bool(reply.get("stderr_truncated", False)),
+    )
+
+
+def data_from_get_reply(reply: Mapping[str, Any]) -> bytes:
+    raise_for_reply(reply, "get")
+    return base64.b64decode(reply.get("data_b64") or "")
+
+
+# ---------------------------------------------------------------------------------------------
+# Command lines
+
+
+def serve_argv(binary: str, image: str, *, max_parallel: Optional[int], pool: Optional[int],
+               extra_args: Sequence[str]) -> List[str]:
+    argv = [binary, "serve"]
+    if max_parallel is not None:
+        argv += ["--max-parallel", str(int(max_parallel))]
+    if pool is not None:
+        argv += ["--pool", str(int(pool))]
+    argv += [os.fspath(arg) for arg in extra_args]
+    argv.append(image)
+    return argv
+
+
+def run_argv(binary: str, image: str, cmd: Command, *, json_path: str,
+             timeout: Optional[float], memory: Optional[Size],
+             mounts: Optional[Iterable[MountSpec]], env: Optional[Mapping[str, Any]],
+             output_limit: Optional[int]) -> List[str]:
+    """`sqbox run ... --json FILE IMAGE -- CMD...`."""
+    argv = [binary, "run", "--json", json_path]
+    if timeout is not None:
+        argv += ["--timeout", repr(float(timeout))]
+    if memory is not None:
+        argv += ["--memory", size_text(memory)]
+    for mount in normalize_mounts(mounts):
+        if ":" in mount["source"] or ":" in mount["target"]:
+            raise ValueError(f"sqbox run cannot mount paths containing ':': {mount}")
+        mode = "ro" if mount["read_only"] else "rw"
+        argv += ["--mount", f"{mount['source']}:{mount['target']}:{mode}"]
+    for key, value in normalize_env(env).items():
+        argv += ["--env", f"{key}={value}"]
+    if output_limit is not None:
+        argv += ["--output-limit", str(int(output_limit))]
+    argv += [image, "--", *normalize_command(cmd)]
+    return argv

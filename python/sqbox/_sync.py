@@ -1,0 +1,465 @@
+"""The blocking client: one-shot `run`, and `Sandbox`/`Session` over `sqbox serve` (threads)."""
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import os
+import subprocess
+import tempfile
+import threading
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, Callable, Deque, Dict, Iterable, List, Mapping, Optional, Sequence
+
+from . import _protocol as proto
+from ._binary import PathLike, find_binary
+from ._errors import SqboxError
+from ._protocol import Command, MountSpec, Size, Stdin, ToolsArg
+from ._results import ExecResult, Result
+
+# How long close() lets the server wind down (kill every sandbox) before killing it.
+CLOSE_TIMEOUT = 10.0
+# Extra host-side grace beyond a one-shot run's own --timeout before the client gives up on sqbox.
+RUN_GRACE = 30.0
+# How much of the server's stderr is kept for error messages.
+STDERR_TAIL = 64 * 1024
+
+
+def run(image: PathLike, cmd: Command, *, timeout: Optional[float] = None,
+        memory: Optional[Size] = None, mounts: Optional[Iterable[MountSpec]] = None,
+        env: Optional[Mapping[str, Any]] = None, stdin: Stdin = None, network: bool = False,
+        binary: Optional[PathLike] = None, output_limit: Optional[int] = None) -> Result:
+    """Run `cmd` once in a fresh sandbox of `image` with `sqbox run` and return its `Result`.
+
+    `cmd` is an argv list, or a string run with `sh -c`. `mounts` are `(src, dst)`,
+    `(src, dst, "ro"|"rw")` or `{"source", "target", "read_only"}`; `memory` a byte count or
+    a size such as "1G"; `stdin` text or bytes (default: empty). The command failing is
+    reported in the result; `SqboxError` means sqbox itself could not run it.
+    """
+    proto.check_network(network)
+    exe = find_binary(binary)
+    # The record goes to a private temp file; sqbox opens it before starting the sandbox.
+    fd, json_path = tempfile.mkstemp(prefix="sqb-run-", suffix=".json")
+    os.close(fd)
+    try:
+        argv = proto.run_argv(exe, os.fspath(image), cmd, json_path=json_path, timeout=timeout,
+                              memory=memory, mounts=mounts, env=env, output_limit=output_limit)
+        data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
+        if data is not None and not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError("stdin must be str, bytes or None")
+        host_timeout = None if timeout is None else float(timeout) + RUN_GRACE
+        try:
+            completed = subprocess.run(
+                argv, input=bytes(data) if data is not None else None,
+                stdin=subprocess.DEVNULL if data is None else None,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=host_timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise SqboxError(f"sqbox run did not finish {RUN_GRACE:.0f} s after its timeout",
+                             stderr=(exc.stderr or b"").decode("utf-8", "replace")) from None
+        stderr_text = completed.stderr.decode("utf-8", "replace")
+        try:
+            with open(json_path, "rb") as record_file:
+                record = json.loads(record_file.read())
+        except (OSError, ValueError):
+            raise SqboxError(f"sqbox run exited with status {completed.returncode} "
+                             f"without a result record", stderr=stderr_text) from None
+    finally:
+        try:
+            os.unlink(json_path)
+        except OSError:
+            pass
+    if completed.returncode < 0:
+        raise SqboxError(f"sqbox run was killed by signal {-completed.returncode}",
+                         stderr=stderr_text)
+    exit_code = int(record.get("exit_code", completed.returncode))
+    if exit_code == 125 and record.get("error"):
+        raise SqboxError(f"sqbox failed: {record['error']}", stderr=stderr_text)
+    return proto.make_result(record, exit_code, completed.stdout, completed.stderr)
+
+
+def _kill_process(proc: "subprocess.Popen[bytes]") -> None:
+    """Last resort when a Sandbox is dropped without close(): no server outlives the client."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+class Sandbox:
+    """A `sqbox serve IMAGE` server: runs commands and hosts sessions, from many threads.
+
+    Use as a context manager, or call `close()`. `timeout`, `memory`, `mounts`, `env` and
+    `output_limit` are defaults for every `run()` and `session()`; per-call arguments override
+    them (`env` is merged, `mounts` are added). `max_parallel` and `pool` are passed to the
+    server as `--max-parallel`/`--pool`; `extra_args` are any further `sqbox serve` options.
+    """
+
+    def __init__(self, image: PathLike, *, binary: Optional[PathLike] = None,
+                 max_parallel: Optional[int] = None, pool: Optional[int] = None,
+                 timeout: Optional[float] = None, memory: Optional[Size] = None,
+                 mounts: Optional[Iterable[MountSpec]] = None,
+                 env: Optional[Mapping[str, Any]] = None, output_limit: Optional[int] = None,
+                 extra_args: Sequence[str] = (), start_timeout: float = 60.0,
+                 tool_workers: int = 32) -> None:
+        self.image = os.fspath(image)
+        self._timeout = timeout
+        self._memory = memory
+        self._mounts: List[MountSpec] = list(mounts or ())
+        self._env = proto.normalize_env(env)
+        self._output_limit = output_limit
+        argv = proto.serve_argv(find_binary(binary), self.image, max_parallel=max_parallel,
+                                pool=pool, extra_args=extra_args)
+
+        self._lock = threading.Lock()  # guards _pending, _sessions, _closed, _lost
+        self._write_lock = threading.Lock()  # one request line at a time on the pipe
+        self._pending: Dict[Any, "Future[Dict[str, Any]]"] = {}
+        self._sessions: Dict[str, Session] = {}
+        self._ids = itertools.count(1)
+        self._closed = False
+        self._lost: Optional[SqboxError] = None
+        self._stderr_lock = threading.Lock()
+        self._stderr_tail: Deque[bytes] = collections.deque()
+        self._stderr_size = 0
+
+        # Deliberately a plain child (no new session, no daemonizing): if this process dies,
+        # the server sees EOF on stdin (and its parent-death signal) and takes its sandboxes down.
+        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE)
+        self._finalizer = weakref.finalize(self, _kill_process, self._proc)
+        self._tool_pool = ThreadPoolExecutor(max_workers=tool_workers,
+                                             thread_name_prefix="sqbox-tool")
+        self._stderr_thread = threading.Thread(target=self._drain_stderr,
+                                               name="sqbox-stderr", daemon=True)
+        self._reader = threading.Thread(target=self._read_replies, name="sqbox-reader",
+                                        daemon=True)
+        self._stderr_thread.start()
+        self._reader.start()
+        try:
+            # Fails fast, with the server's own message, on a bad image or option.
+            self.version: str = str(self._request({"op": "ping"}, timeout=start_timeout)
+                                    .get("version", ""))
+        except BaseException:
+            self.close()
+            raise
+
+    # -- public API ---------------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int:
+        """Process id of the `sqbox serve` server."""
+        return self._proc.pid
+
+    def ping(self, timeout: Optional[float] = None) -> str:
+        """Check that the server answers; returns its version string."""
+        reply = self._request({"op": "ping"}, timeout=timeout)
+        proto.raise_for_reply(reply, "ping")
+        return str(reply.get("version", ""))
+
+    def run(self, cmd: Command, *, timeout: Optional[float] = None,
+            memory: Optional[Size] = None, mounts: Optional[Iterable[MountSpec]] = None,
+            env: Optional[Mapping[str, Any]] = None, stdin: Stdin = None,
+            output_limit: Optional[int] = None) -> Result:
+        """Run `cmd` in a fresh sandbox (the `run` op) and return its `Result`.
+
+        Arguments as for `sqbox.run`. Safe to call from many threads at once.
+        """
+        request = proto.run_request(
+            cmd, timeout=_pick(timeout, self._timeout), memory=_pick(memory, self._memory),
+            mounts=self._mounts + list(mounts or ()), env=proto.merge_env(self._env, env),
+            stdin=stdin, output_limit=_pick(output_limit, self._output_limit))
+        return proto.result_from_reply(self._request(request))
+
+    def session(self, *, env: Optional[Mapping[str, Any]] = None,
+                mounts: Optional[Iterable[MountSpec]] = None, memory: Optional[Size] = None,
+                tools: ToolsArg = None, timeout: Optional[float] = None,
+                output_limit: Optional[int] = None) -> "Session":
+        """Open a `Session`: a Python interpreter that keeps its state between `execute` calls.
+
+        `tools` ({name: callable} or a list of functions) can be called from inside as
+        `tools.NAME(...)`; `timeout` is the default for `execute`.
+        """
+        functions = proto.collect_tools(tools)
+        request = proto.session_open_request(
+            env=proto.merge_env(self._env, env), mounts=self._mounts + list(mounts or ()),
+            memory=_pick(memory, self._memory),
+            output_limit=_pick(output_limit, self._output_limit), tools=list(functions))
+        reply = self._request(request)
+        proto.raise_for_reply(reply, "session_open")
+        session = Session(self, str(reply["session"]), functions, _pick(timeout, self._timeout))
+        with self._lock:
+            self._sessions[session.id] = session
+        return session
+
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
+        """Shut the server down, killing every sandbox; waits up to `timeout` s, then kills it.
+
+        Pending calls in other threads fail with `SqboxError`. Calling close() again is a no-op.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            sessions = list(self._sessions.values())
+            self._sessions.clear()
+        for session in sessions:
+            session._closed = True
+        try:
+            self._send(proto.encode({"op": "shutdown", "id": "shutdown"}))
+        except SqboxError:
+            pass  # already gone
+        with self._write_lock:
+            try:
+                self._proc.stdin.close()  # EOF: the server exits even if it missed the shutdown
+            except OSError:
+                pass
+        try:
+            self._proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._reader.join()
+        self._stderr_thread.join()
+        self._proc.stdout.close()
+        self._proc.stderr.close()
+        self._finalizer.detach()
+        self._tool_pool.shutdown(wait=False)
+
+    @property
+    def closed(self) -> bool:
+        """True once `close()` was called."""
+        return self._closed
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    def _request(self, message: Dict[str, Any], timeout: Optional[float] = None,
+                 ) -> Dict[str, Any]:
+        """Send one request and wait for the reply with its id."""
+        future: "Future[Dict[str, Any]]" = Future()
+        with self._lock:
+            self._check_usable()
+            request_id = next(self._ids)
+            self._pending[request_id] = future
+        message = dict(message, id=request_id)
+        try:
+            self._send(proto.encode(message))
+            return future.result(timeout)
+        except FutureTimeout:
+            with self._lock:
+                self._pending.pop(request_id, None)
+            raise SqboxError(f"no reply to {message['op']!r} within {timeout} s",
+                             stderr=self._stderr_text()) from None
+        except BaseException:
+            with self._lock:
+                self._pending.pop(request_id, None)
+            raise
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise SqboxError("the sandbox is closed")
+        if self._lost is not None:
+            raise SqboxError(str(self._lost.args[0]), stderr=self._lost.stderr)
+
+    def _send(self, line: bytes) -> None:
+        with self._write_lock:
+            try:
+                self._proc.stdin.write(line)
+                self._proc.stdin.flush()
+            except (OSError, ValueError):  # broken pipe, or stdin already closed
+                raise SqboxError("cannot send to sqbox serve: it has exited",
+                                 stderr=self._stderr_text()) from None
+
+    def _read_replies(self) -> None:
+        """Reader thread: route replies to waiting callers and tool calls to their session."""
+        try:
+            for line in iter(self._proc.stdout.readline, b""):
+                try:
+                    message = proto.decode(line)
+                except ValueError:
+                    self._note_stderr(b"sqbox client: unreadable line from server: "
+                                      + line[:200] + b"\n")
+                    continue
+                if proto.is_tool_call(message):
+                    self._dispatch_tool_call(proto.ToolCall(message))
+                elif "event" not in message:
+                    with self._lock:
+                        future = self._pending.pop(message.get("id"), None)
+                    if future is not None:
+                        future.set_result(message)
+        finally:
+            self._connection_lost()
+
+    def _connection_lost(self) -> None:
+        # Let the exit status and the last stderr lines arrive, for the error message.
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        self._stderr_thread.join(timeout=2)
+        with self._lock:
+            if self._closed:
+                error = SqboxError("the sandbox was closed")
+            else:
+                error = SqboxError(f"sqbox serve exited unexpectedly (status "
+                                   f"{self._proc.returncode})", stderr=self._stderr_text())
+            self._lost = error
+            pending = list(self._pending.values())
+            self._pending.clear()
+        for future in pending:
+            future.set_exception(SqboxError(str(error.args[0]), stderr=error.stderr))
+
+    def _dispatch_tool_call(self, call: proto.ToolCall) -> None:
+        with self._lock:
+            session = self._sessions.get(call.session)  # type: ignore[arg-type]
+        if session is None:
+            self._send_quietly(proto.tool_result_message(
+                call.session, call.call_id, error=LookupError("no such session")))
+            return
+        try:
+            # Never run user code on the reader thread: a tool may itself call the sandbox.
+            self._tool_pool.submit(session._answer_tool_call, call)
+        except RuntimeError:  # pool shut down: we are closing
+            pass
+
+    def _send_quietly(self, line: bytes) -> None:
+        try:
+            self._send(line)
+        except SqboxError:
+            pass
+
+    def _drain_stderr(self) -> None:
+        for chunk in iter(lambda: self._proc.stderr.read1(65536), b""):
+            self._note_stderr(chunk)
+
+    def _note_stderr(self, chunk: bytes) -> None:
+        with self._stderr_lock:
+            self._stderr_tail.append(chunk)
+            self._stderr_size += len(chunk)
+            while self._stderr_size > STDERR_TAIL and len(self._stderr_tail) > 1:
+                self._stderr_size -= len(self._stderr_tail.popleft())
+
+    def _stderr_text(self) -> str:
+        with self._stderr_lock:
+            return b"".join(self._stderr_tail).decode("utf-8", "replace")
+
+
+def _pick(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+class Session:
+    """A persistent Python interpreter in its own sandbox; made by `Sandbox.session()`.
+
+    Safe to use from several threads, but the server runs one `execute` at a time per session.
+    Use as a context manager, or call `close()`.
+    """
+
+    def __init__(self, sandbox: Sandbox, session_id: str,
+                 tools: Dict[str, Callable[..., Any]], timeout: Optional[float]) -> None:
+        self._sandbox = sandbox
+        self._id = session_id
+        self._tools = dict(tools)
+        self._tools_lock = threading.Lock()
+        self._timeout = timeout
+        self._closed = False
+
+    @property
+    def id(self) -> str:
+        """The server's id of this session."""
+        return self._id
+
+    @property
+    def tools(self) -> Dict[str, Callable[..., Any]]:
+        """The registered tools, by name (a copy)."""
+        return dict(self._tools)
+
+    def execute(self, code: str, *, timeout: Optional[float] = None) -> ExecResult:
+        """Run `code` in the session's persistent namespace and return its `ExecResult`.
+
+        An exception in the code is reported in `.error` (see `raise_for_error()`); on timeout
+        the code is interrupted and `.timed_out` is set. Raises `SessionDead` if the
+        interpreter died (then `reset()` it).
+        """
+        reply = self._call(proto.exec_request(self._id, code, _pick(timeout, self._timeout)))
+        return proto.exec_result_from_reply(reply)
+
+    def put(self, path: str, data: bytes) -> None:
+        """Write `data` to the file `path` inside the session's sandbox (at most 64 MiB)."""
+        proto.raise_for_reply(self._call(proto.put_request(self._id, path, data)), "put")
+
+    def get(self, path: str) -> bytes:
+        """Read the file `path` from inside the session's sandbox (at most 64 MiB)."""
+        reply = self._call({"op": "get", "session": self._id, "path": path})
+        return proto.data_from_get_reply(reply)
+
+    def reset(self) -> None:
+        """Replace the interpreter by a fresh one in a fresh sandbox (same id and tools)."""
+        proto.raise_for_reply(self._call({"op": "reset", "session": self._id}), "reset")
+
+    def register_tool(self, fn: Callable[..., Any], name: Optional[str] = None,
+                      ) -> Callable[..., Any]:
+        """Make `fn` callable inside the session as `tools.NAME(...)`; returns `fn`.
+
+        `name` defaults to `fn.__name__`. Calls run in a worker thread of the host; the return
+        value must be JSON-serialisable, an exception is raised inside as `ToolError`.
+        """
+        tool = proto.tool_name(fn, name)
+        # Held across the round trip so concurrent registrations reach the server in order.
+        with self._tools_lock:
+            names = dict(self._tools, **{tool: fn})
+            # Known locally first: a call may arrive as soon as the server has the name.
+            self._tools = names
+            reply = self._call({"op": "tools", "session": self._id, "names": list(names)})
+            proto.raise_for_reply(reply, "tools")
+        return fn
+
+    def close(self) -> None:
+        """Destroy the session's sandbox. Closing twice, or after the Sandbox closed, is a no-op."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            # The reply is not checked: a dead or unknown session is as closed as can be.
+            self._sandbox._request({"op": "close", "session": self._id})
+        except SqboxError:
+            if not (self._sandbox.closed or self._sandbox._lost):
+                raise
+        finally:
+            with self._sandbox._lock:
+                self._sandbox._sessions.pop(self._id, None)
+
+    @property
+    def closed(self) -> bool:
+        """True once the session (or its Sandbox) was closed."""
+        return self._closed
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def _call(self, message: Dict[str, Any]) -> Dict[str, Any]:
+        if self._closed:
+            raise SqboxError(f"session {self._id} is closed")
+        return self._sandbox._request(message)
+
+    def _answer_tool_call(self, call: proto.ToolCall) -> None:
+        """Runs in a tool worker thread: call the function, send back result or error."""
+        fn = self._tools.get(call.name)  # type: ignore[arg-type]
+        if fn is None:
+            line = proto.tool_result_message(self._id, call.call_id,
+                                             error=NameError(f"no tool named {call.name!r}"))
+        else:
+            try:
+                line = proto.tool_result_message(self._id, call.call_id,
+                                                 result=fn(*call.args, **call.kwargs))
+            except Exception as exc:  # the tool's failure is the sandboxed caller's to handle
+                line = proto.tool_result_message(self._id, call.call_id, error=exc)
+        self._sandbox._send_quietly(line)

@@ -1,0 +1,427 @@
+"""sqbox session driver: the long-lived Python interpreter inside a session's sandbox.
+
+The server starts it as `python3 /run/sqbox/driver.py`, stdin and stdout piped to the server, and
+speaks newline-delimited JSON with it (PROTOCOL.md, "Inside a session: the driver's protocol").
+The file is embedded into the sqbox binary: it stays one self-contained file, standard library
+only, and runs on Python 3.8 to 3.13.
+"""
+import ast
+import base64
+import builtins
+import fcntl
+import json
+import linecache
+import os
+import platform
+import select
+import signal
+import sys
+import tempfile
+import threading
+import traceback
+import types
+
+FILE_CAP = 64 << 20  # put and get payloads, decoded
+VALUE_CAP = 64 << 10  # characters of a trailing expression's repr
+OUTPUT_LIMIT = 1 << 20  # default cap of captured stdout and stderr, each
+F_DUPFD_CLOEXEC = getattr(fcntl, "F_DUPFD_CLOEXEC", 1030)  # 1030 on every Linux
+OWN_FILE = (lambda: 0).__code__.co_filename  # frames from this file are left out of tracebacks
+
+# What SIGINT (the server's timeout) does. IDLE: nothing; no code is running. RAISE: user code is
+# running: KeyboardInterrupt. DEFER: the driver is talking to the server on behalf of user code
+# (a tool call): it remembers the signal and raises KeyboardInterrupt at the next point where
+# that cannot leave half a line written or drop input already read.
+IDLE, RAISE, DEFER = 0, 1, 2
+
+
+class ToolError(Exception):
+    """A host tool failed. User code sees it as sqbox_tools.ToolError."""
+
+    def __init__(self, type, message):
+        super().__init__(type, message)
+        self.type, self.message = type, message
+
+    def __str__(self):
+        return "%s: %s" % (self.type, self.message)
+
+
+ToolError.__module__ = "sqbox_tools"  # so that tracebacks and pickle name it as user code does
+
+
+class Failure(Exception):
+    """A request the driver could not carry out: answered with ok false and this error."""
+
+    def __init__(self, type, message):
+        super().__init__(message)
+        self.type = type
+
+
+class Tools:
+    """`tools` in user code: one callable attribute per host tool name."""
+
+    def __init__(self, call):
+        self._call, self._names = call, ()
+
+    def __getattr__(self, name):
+        names = self.__dict__.get("_names", ())
+        if name not in names:
+            raise AttributeError("no tool named %r; this session's tools: %s"
+                                 % (name, ", ".join(names) or "none"))
+
+        def tool(*args, **kwargs):
+            return self._call(name, args, kwargs)
+        tool.__name__ = tool.__qualname__ = name
+        return tool
+
+    def __dir__(self):
+        return list(self._names)
+
+    def __repr__(self):
+        return "<sqbox tools: %s>" % (", ".join(self._names) or "none")
+
+
+def _field(req, name, kind):
+    value = req.get(name)
+    if not isinstance(value, kind):
+        raise Failure("BadRequest", "%r must be a %s" % (name, kind.__name__))
+    return value
+
+
+def _size(req, name, default):
+    value = req.get(name, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise Failure("BadRequest", "%r must be a non-negative integer" % name)
+    return value
+
+
+class Driver:
+    def __init__(self):
+        # Installed first: the default handler would let a SIGINT kill an idle driver.
+        self.mode, self.fired, self.missed, self.running = IDLE, False, False, False
+        signal.signal(signal.SIGINT, self._on_sigint)
+        # The protocol channel moves above fd 2, close-on-exec, so that user subprocesses never
+        # inherit it; fds 0-2 then belong to user code: /dev/null, or capture files during exec.
+        self.proto_in = fcntl.fcntl(0, F_DUPFD_CLOEXEC, 3)
+        self.proto_out = fcntl.fcntl(1, F_DUPFD_CLOEXEC, 3)
+        try:
+            self.log_fd = fcntl.fcntl(2, F_DUPFD_CLOEXEC, 3)  # the server's log, for crashes
+        except OSError:
+            self.log_fd = None
+        fd = os.open(os.devnull, os.O_RDWR)
+        self.devnull = fcntl.fcntl(fd, F_DUPFD_CLOEXEC, 3)
+        os.close(fd)
+        for target in (0, 1, 2):
+            os.dup2(self.devnull, target)
+        self.buf, self.scanned = bytearray(), 0  # protocol input not yet returned as lines
+        self.pid, self.execs, self.calls, self.pending = os.getpid(), 0, 0, None
+        self.tmpdir = tempfile.gettempdir()
+        self.tools = Tools(self._call_tool)
+        module = types.ModuleType("sqbox_tools", "Host tools of this sqbox session.")
+        module.ToolError, module.tools = ToolError, self.tools
+        sys.modules["sqbox_tools"] = module
+        # User code gets a module of its own as __main__, so that pickle, dataclasses and
+        # `import __main__` find what it defines; the driver's module is kept alive here.
+        self.own_module = sys.modules.get("__main__")
+        main = types.ModuleType("__main__")
+        main.__builtins__, main.tools = builtins, self.tools
+        sys.modules["__main__"] = main
+        self.globals = main.__dict__
+        # Like an interactive interpreter: no script arguments, imports from the working directory.
+        sys.argv = [""]
+        here = os.path.dirname(os.path.realpath(OWN_FILE))
+        if sys.path and sys.path[0] and os.path.realpath(sys.path[0]) == here:
+            sys.path[0] = ""
+
+    # SIGINT strategy. A handler that decides, rather than blocking the signal with
+    # pthread_sigmask outside exec: a blocked SIGINT stays pending and would hit the *next* exec,
+    # and Python runs handlers between bytecodes, so a signal that arrives as user code finishes
+    # would still raise in the driver's own code. Here an idle driver ignores SIGINT (reads and
+    # writes are retried, PEP 475), and at most one KeyboardInterrupt is raised per exec, so the
+    # driver's code that reports it can never be interrupted in turn.
+    def _on_sigint(self, signum, frame):
+        if self.mode == IDLE or self.fired:
+            return
+        if self.mode == DEFER:
+            self.missed = True
+            return
+        self.fired = True
+        raise KeyboardInterrupt
+
+    def _raise_missed(self):
+        if self.missed and not self.fired:
+            self.missed, self.fired = False, True
+            raise KeyboardInterrupt
+
+    # Protocol I/O. Lines are encoded as UTF-8 with lone surrogates (from undecodable file names,
+    # say) replaced: ensure_ascii would turn them into \udXXX escapes strict JSON parsers reject.
+    def send(self, obj):
+        view = memoryview(json.dumps(obj, ensure_ascii=False).encode("utf-8", "replace") + b"\n")
+        try:
+            while view:
+                view = view[os.write(self.proto_out, view):]
+        except OSError:  # the server is gone
+            os._exit(0)
+
+    def readline(self, interruptible=False):
+        """The next line from the server; b"" at EOF. Our own buffer, not io.BufferedReader:
+        a KeyboardInterrupt inside BufferedReader.readline loses the part of a line read so far."""
+        while True:
+            end = self.buf.find(b"\n", self.scanned)
+            if end >= 0:
+                line = bytes(self.buf[:end + 1])
+                del self.buf[:end + 1]
+                self.scanned = 0
+                return line
+            self.scanned = len(self.buf)
+            if interruptible:
+                self._wait_readable()
+            chunk = os.read(self.proto_in, 1 << 20)
+            if not chunk:
+                return b""
+            self.buf += chunk
+
+    def _wait_readable(self):
+        # select consumes no input, so a KeyboardInterrupt raised while it waits loses nothing;
+        # the mode switches first so that a SIGINT just before it is seen by _raise_missed.
+        self.mode = RAISE
+        try:
+            self._raise_missed()
+            select.select([self.proto_in], [], [])
+        finally:
+            self.mode = DEFER
+
+    def serve(self):
+        self.send({"event": "ready", "python": platform.python_version()})
+        while True:
+            line = self.readline()
+            if not line:
+                os._exit(0)  # not sys.exit: threads user code left running must not hold us
+            self.send(self.answer(line))
+
+    def parse(self, line):
+        try:
+            req = json.loads(line)
+        except (ValueError, RecursionError) as exc:
+            raise Failure("BadRequest", "malformed JSON: %s" % exc)
+        if not isinstance(req, dict):
+            raise Failure("BadRequest", "a request must be a JSON object")
+        return req
+
+    def answer(self, line, req=None):
+        try:
+            req = self.parse(line) if req is None else req
+            handler = self.OPS.get(req.get("op"))
+            if handler is None:
+                raise Failure("BadRequest", "unknown op %r" % (req.get("op"),))
+            result = handler(self, req)
+        except Failure as exc:
+            result = {"ok": False, "error": {"type": exc.type, "message": str(exc)}}
+        except Exception as exc:  # OSError from put or get, mostly
+            result = {"ok": False, "error": {"type": type(exc).__name__, "message": str(exc)}}
+        return dict({"event": "result"}, **result)
+
+    # Requests.
+    def op_exec(self, req):
+        if self.running:
+            raise Failure("BadRequest", "code is already running in this session")
+        code, limit = _field(req, "code", str), _size(req, "output_limit", OUTPUT_LIMIT)
+        self.execs += 1
+        filename = "<exec-%d>" % self.execs
+        # Tracebacks and inspect find the code's lines here, also for functions called by later
+        # execs; an mtime of None keeps linecache.checkcache from dropping the entry.
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        files = []
+        try:
+            for _ in range(2):
+                fd, path = tempfile.mkstemp(prefix="sqbox-exec-", dir=self.tmpdir)
+                files.append(fd)
+                os.unlink(path)
+            value, error = self._run(code, filename, files)
+            if os.getpid() != self.pid:  # a fork of user code that returned: it is not the driver
+                os._exit(1 if error else 0)
+            (stdout, stdout_cut), (stderr, stderr_cut) = [self._captured(fd, limit) for fd in files]
+        finally:
+            for fd in files:
+                os.close(fd)
+        # timed_out: the driver cannot tell; the server, which sent the SIGINT, sets it.
+        return {"ok": True, "stdout": stdout, "stderr": stderr, "stdout_truncated": stdout_cut,
+                "stderr_truncated": stderr_cut, "value": value, "error": error, "timed_out": False}
+
+    def _run(self, code, filename, files):
+        self._flush()
+        os.dup2(self.devnull, 0)  # in case user code closed or replaced it
+        os.dup2(files[0], 1)
+        os.dup2(files[1], 2)
+        # Fresh wrappers each time: user code may have closed or replaced sys.stdout.
+        sys.stdout, sys.stderr = [open(fd, "w", buffering=1, encoding="utf-8", errors="replace",
+                                       closefd=False) for fd in (1, 2)]
+        self.fired = self.missed = False
+        self.running = True
+        value = error = None
+        try:
+            # The nesting makes the mode IDLE before anything reports: a SIGINT that lands as the
+            # code finishes is raised at the latest in the finally clause, and reported.
+            try:
+                self.mode = RAISE
+                try:
+                    tree = ast.parse(code, filename)
+                except (SyntaxError, ValueError) as exc:  # the user's error: not ast.py's frames
+                    raise exc.with_traceback(None)
+                last = tree.body[-1] if tree.body else None
+                if isinstance(last, ast.Expr):
+                    del tree.body[-1]
+                exec(compile(tree, filename, "exec"), self.globals)
+                if isinstance(last, ast.Expr):
+                    result = eval(compile(ast.Expression(last.value), filename, "eval"),
+                                  self.globals)
+                    # None gives null, as an interactive interpreter shows nothing for it (and a
+                    # trailing print(...) should not report "None").
+                    if result is not None:
+                        value = repr(result)
+                        if len(value) > VALUE_CAP:
+                            value = value[:VALUE_CAP] + "...[truncated]"
+            finally:
+                self.mode = IDLE
+        except BaseException as exc:  # SystemExit and KeyboardInterrupt included: we stay alive
+            error = self._describe(exc)
+        finally:
+            self.running = False
+            self._flush()
+            os.dup2(self.devnull, 1)
+            os.dup2(self.devnull, 2)
+            signal.signal(signal.SIGINT, self._on_sigint)  # user code may have replaced it
+        return value, error
+
+    @staticmethod
+    def _flush():
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+
+    @staticmethod
+    def _captured(fd, limit):
+        size = os.fstat(fd).st_size
+        want, chunks, offset = min(size, limit), [], 0
+        while offset < want:  # pread leaves the offset, shared with children still writing, alone
+            chunk = os.pread(fd, want - offset, offset)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            offset += len(chunk)
+        return b"".join(chunks).decode("utf-8", "replace"), size > limit
+
+    @staticmethod
+    def _describe(exc):
+        try:
+            message = str(exc)
+        except Exception:
+            message = "<unprintable %s>" % type(exc).__name__
+        report = traceback.TracebackException(type(exc), exc, exc.__traceback__)
+        todo, seen = [report], set()
+        while todo:  # drop the driver's frames, from chained and grouped exceptions too
+            item = todo.pop()
+            if item is None or id(item) in seen:
+                continue
+            seen.add(id(item))
+            item.stack = traceback.StackSummary.from_list(
+                [frame for frame in item.stack if frame.filename != OWN_FILE])
+            todo += [item.__cause__, item.__context__]
+            todo += getattr(item, "exceptions", None) or []  # ExceptionGroup, 3.11+
+        return {"type": type(exc).__name__, "message": message,
+                "traceback": "".join(report.format())}
+
+    def op_put(self, req):
+        path, data = _field(req, "path", str), _field(req, "data_b64", str)
+        if len(data) > 2 * FILE_CAP:  # surely too large: do not even decode it
+            raise Failure("TooLarge", "data is larger than %d bytes" % FILE_CAP)
+        try:
+            raw = base64.b64decode(data, validate=True)
+        except ValueError as exc:
+            raise Failure("BadRequest", "data_b64 is not base64: %s" % exc)
+        if len(raw) > FILE_CAP:
+            raise Failure("TooLarge", "data is larger than %d bytes" % FILE_CAP)
+        with open(path, "wb") as f:
+            f.write(raw)
+        return {"ok": True}
+
+    def op_get(self, req):
+        path, limit = _field(req, "path", str), min(_size(req, "limit", FILE_CAP), FILE_CAP)
+        # O_NONBLOCK: a FIFO without a writer gives EOF rather than blocking the session.
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            raise Failure("TooLarge", "%s is larger than %d bytes" % (path, limit))
+        return {"ok": True, "data_b64": base64.b64encode(data).decode("ascii")}
+
+    def op_tools(self, req):
+        names = req.get("names")
+        if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+            raise Failure("BadRequest", "'names' must be a list of strings")
+        self.tools._names = tuple(names)
+        return {"ok": True}
+
+    def op_tool_result(self, req):
+        # A matching answer is taken by _call_tool before it gets here.
+        if self.pending is None:
+            raise Failure("BadRequest", "no tool call is pending")
+        raise Failure("BadRequest", "tool call %r is pending, not %r"
+                      % (self.pending, req.get("call_id")))
+
+    OPS = {"exec": op_exec, "put": op_put, "get": op_get, "tools": op_tools,
+           "tool_result": op_tool_result}
+
+    # Tool calls, made by user code: synchronous, so a tool called from code that a tool call
+    # started again later simply works. Other requests that arrive meanwhile are answered.
+    def _call_tool(self, name, args, kwargs):
+        if not self.running or os.getpid() != self.pid or \
+                threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("tools can be called only by running session code, "
+                               "in its main thread")
+        call_id = "c%d" % (self.calls + 1)
+        try:
+            line = {"event": "tool_call", "call_id": call_id, "name": name, "args": list(args),
+                    "kwargs": kwargs}
+            json.dumps(line, allow_nan=False)
+        except (TypeError, ValueError) as exc:  # ValueError: NaN, or a circular reference
+            raise TypeError("arguments of tool %r must be JSON-serialisable: %s"
+                            % (name, exc)) from None
+        self.calls += 1
+        saved, self.mode, self.pending = self.mode, DEFER, call_id
+        try:
+            self.send(line)
+            while True:
+                line = self.readline(interruptible=True)
+                if not line:
+                    os._exit(0)  # the server is gone
+                try:
+                    req = self.parse(line)
+                except Failure:
+                    req = None
+                if req and req.get("op") == "tool_result" and req.get("call_id") == call_id:
+                    break
+                self.send(self.answer(line, req))
+        finally:
+            self.mode, self.pending = saved, None
+        self._raise_missed()  # after the mode switch, so no SIGINT can fall between the two
+        error = req.get("error")
+        if error is not None:
+            if not isinstance(error, dict):
+                error = {"message": error}
+            raise ToolError(str(error.get("type", "Error")), str(error.get("message", "")))
+        return req.get("result")
+
+
+def main():
+    driver = Driver()
+    try:
+        driver.serve()
+    except BaseException:  # a driver bug: say so in the server's log
+        if driver.log_fd is not None:
+            os.write(driver.log_fd, traceback.format_exc().encode("utf-8", "replace"))
+        os._exit(1)
+
+
+if __name__ == "__main__":
+    main()

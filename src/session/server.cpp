@@ -1,0 +1,1011 @@
+#include "session/server.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <deque>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <thread>
+
+#include "image/image_source.h"
+#include "runtime/cgroups.h"
+#include "runtime/process.h"
+#include "runtime/signals.h"
+#include "security/landlock.h"
+#include "security/seccomp_choice.h"
+#include "session/config_codec.h"
+#include "session/request_config.h"
+#include "session/session_driver.h"
+#include "session/warm_supervisor.h"
+#include "util/errors.h"
+#include "util/fd_passing.h"
+#include "util/files.h"
+
+namespace sqbox {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kServerVersion = "sqbox 0.1.0, protocol 1";
+// A put of 64 MiB is about 86 MiB of base64; anything longer is not a request.
+constexpr size_t kMaxRequestBytes = size_t{96} * 1024 * 1024;
+// What a `run` keeps of each output stream when the request sets no output_limit.
+constexpr uint64_t kDefaultRunOutputLimit = 16ULL * 1024 * 1024;
+constexpr uint64_t kDefaultExecOutputLimit = 1024ULL * 1024;
+constexpr size_t kSessionLogBytes = 64 * 1024;
+constexpr auto kInterruptGrace = std::chrono::seconds(2);
+constexpr size_t kReadChunk = 64 * 1024;
+
+std::string dump_line(const json& message) {
+    return message.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+}
+
+json error_object(const std::string& type, const std::string& message) {
+    return {{"type", type}, {"message", message}};
+}
+
+void set_nonblocking(int fd) {
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+        throw system_error("cannot make a descriptor non-blocking");
+    }
+}
+
+struct Pipes {
+    Pipe in, out, err;
+};
+
+Pipes make_stdio_pipes() {
+    Pipes pipes{make_pipe("sandbox stdin"), make_pipe("sandbox stdout"),
+                make_pipe("sandbox stderr")};
+    set_nonblocking(pipes.in.write_end.get());
+    set_nonblocking(pipes.out.read_end.get());
+    set_nonblocking(pipes.err.read_end.get());
+    return pipes;
+}
+
+struct Client {
+    int in_fd = -1;
+    int out_fd = -1;
+    UniqueFd socket;  // socket clients own their descriptor; the stdio client does not
+    std::string in;
+    std::string out;
+    bool input_closed = false;
+    bool broken = false;  // a write failed: nobody reads any more
+};
+
+// One output stream of a sandbox, kept up to a limit.
+struct Capture {
+    UniqueFd fd;
+    std::string data;
+    uint64_t limit = kDefaultRunOutputLimit;
+    bool truncated = false;
+};
+
+struct Job {
+    uint64_t key = 0;
+    int client = -1;
+    json id;              // the run request's id
+    std::string session;  // set for a session's sandbox
+    RequestSettings settings;
+    std::optional<SandboxCgroup> cgroup;
+    UniqueFd stdin_fd;
+    std::string stdin_pending;
+    bool keep_stdin_open = false;  // sessions: stdin is the driver's request channel
+    Capture out, err;
+    std::optional<json> report;
+    bool started = false;
+    bool counted = false;    // holds one of the --max-parallel places
+    bool abandoned = false;  // nobody wants its result (closed session, gone client)
+};
+
+struct Session {
+    enum class State { kStarting, kIdle, kBusy, kDead };
+    std::string id;
+    int client = -1;
+    uint64_t job = 0;
+    State state = State::kStarting;
+    json open_settings;  // the session_open request, for reset
+    std::deque<json> queue;
+    json current;  // the request the driver is serving, null when idle
+    bool current_internal = false;
+    std::optional<Clock::time_point> deadline;
+    bool interrupted = false;
+    std::vector<std::string> tools;
+    std::optional<json> answer_when_ready;  // id of a session_open or reset
+    std::string line;                       // partial line from the driver
+    std::string log;                        // tail of the driver's stderr
+    std::string dead_reason;
+};
+
+class Server {
+  public:
+    explicit Server(const ServeOptions& options) : options_(options) {
+        max_parallel_ = options.max_parallel;
+        if (max_parallel_ == 0) {
+            max_parallel_ = std::max(1U, 2 * std::thread::hardware_concurrency());
+        }
+    }
+
+    int run() {
+        start_supervisor();
+        if (!options_.socket_path.empty()) listen_on_socket();
+        Client stdio;
+        stdio.in_fd = STDIN_FILENO;
+        stdio.out_fd = STDOUT_FILENO;
+        set_nonblocking(STDIN_FILENO);
+        set_nonblocking(STDOUT_FILENO);
+        clients_.emplace(next_client_++, std::move(stdio));
+        loop();
+        shut_down();
+        return exit_status_;
+    }
+
+  private:
+    // ---- the warm supervisor ----
+
+    void start_supervisor() {
+        image_ = open_image(options_.base.image);
+        if (image_.kind == ImageSource::Kind::kSquashfs &&
+            ::access("/dev/fuse", R_OK | W_OK) != 0) {
+            throw system_error("cannot use /dev/fuse (needed to mount .sqsh images)");
+        }
+        WarmSupervisorContext context;
+        context.image = &image_;
+        context.base = &options_.base;
+        context.plan_template.seccomp = prepare_seccomp(options_.base.seccomp_profile);
+        context.plan_template.landlock_abi = landlock_abi_version();
+        context.driver_source = std::string(session_driver_source());
+        int pair[2];
+        if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) {
+            throw system_error("socketpair");
+        }
+        control_.reset(pair[0]);
+        UniqueFd supervisor_end(pair[1]);
+        context.control_fd = supervisor_end.get();
+        context.server_pid = ::getpid();
+        pid_t pid = clone_process(CLONE_NEWUSER | CLONE_NEWNS, "the sandbox's user namespace");
+        if (pid == 0) {
+            control_.reset();
+            run_warm_supervisor(context);
+        }
+        supervisor_ = ChildProcess(pid);
+        supervisor_end.reset();
+        std::optional<FdMessage> ready = receive_fd_message(control_.get());
+        if (!ready) throw Error("the sandbox supervisor died while mounting the image");
+        if (ready->tag == 'e') throw Error(json::parse(ready->text).at("error").get<std::string>());
+    }
+
+    void send_to_supervisor(char tag, const json& body, const std::vector<int>& fds) {
+        send_fd_message(control_.get(), tag, body.dump(), fds, "cannot reach the supervisor");
+    }
+
+    void signal_job(const Job& job, int signal) {
+        if (job.started && !job.report) send_to_supervisor('k', {{"key", job.key}, {"signal", signal}}, {});
+    }
+
+    // ---- the socket ----
+
+    void listen_on_socket() {
+        sockaddr_un address{};
+        address.sun_family = AF_UNIX;
+        if (options_.socket_path.size() >= sizeof address.sun_path) {
+            throw Error("--socket " + options_.socket_path + ": path too long");
+        }
+        std::copy(options_.socket_path.begin(), options_.socket_path.end(), address.sun_path);
+        listener_.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+        if (!listener_) throw system_error("socket");
+        // Created private: nobody else may start sandboxes in our name.
+        const mode_t old_mask = ::umask(0177);
+        const int bound = ::bind(listener_.get(), reinterpret_cast<sockaddr*>(&address), sizeof address);
+        const int bind_errno = errno;
+        ::umask(old_mask);
+        if (bound != 0) throw system_error("--socket " + options_.socket_path, bind_errno);
+        socket_bound_ = true;
+        if (::listen(listener_.get(), 64) != 0) throw system_error("listen");
+    }
+
+    void accept_client() {
+        UniqueFd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+        if (!fd) return;
+        Client client;
+        client.in_fd = client.out_fd = fd.get();
+        client.socket = std::move(fd);
+        clients_.emplace(next_client_++, std::move(client));
+    }
+
+    // ---- the loop ----
+
+    void loop() {
+        sigset_t signals = pipeline_signals();
+        UniqueFd signal_fd(::signalfd(-1, &signals, SFD_CLOEXEC | SFD_NONBLOCK));
+        if (!signal_fd) throw system_error("signalfd");
+        std::vector<pollfd> fds;
+        std::vector<std::function<void(short)>> handlers;
+        auto watch = [&](int fd, short events, std::function<void(short)> handler) {
+            fds.push_back({fd, events, 0});
+            handlers.push_back(std::move(handler));
+        };
+        while (!stopping_) {
+            fds.clear();
+            handlers.clear();
+            watch(signal_fd.get(), POLLIN, [&](short) { handle_signals(signal_fd.get()); });
+            watch(control_.get(), POLLIN, [&](short) { handle_supervisor(); });
+            if (listener_) watch(listener_.get(), POLLIN, [&](short) { accept_client(); });
+            for (auto& [id, client] : clients_) {
+                const int client_id = id;
+                if (!client.input_closed) {
+                    watch(client.in_fd, POLLIN, [this, client_id](short) { read_client(client_id); });
+                }
+                if (!client.broken) {
+                    // With nothing to write, events 0 still reports POLLERR: the reader is gone.
+                    const short events = client.out.empty() ? 0 : POLLOUT;
+                    watch(client.out_fd, events, [this, client_id](short revents) {
+                        if ((revents & (POLLERR | POLLHUP)) != 0 && (revents & POLLOUT) == 0) {
+                            clients_.at(client_id).broken = true;
+                        } else {
+                            flush_client(client_id);
+                        }
+                    });
+                }
+            }
+            for (auto& [key, job] : jobs_) {
+                const uint64_t job_key = key;
+                if (job.out.fd) watch(job.out.fd.get(), POLLIN, [this, job_key](short) { read_output(job_key, true); });
+                if (job.err.fd) watch(job.err.fd.get(), POLLIN, [this, job_key](short) { read_output(job_key, false); });
+                if (job.stdin_fd && !job.stdin_pending.empty()) {
+                    watch(job.stdin_fd.get(), POLLOUT, [this, job_key](short) { write_stdin(job_key); });
+                }
+            }
+            if (::poll(fds.data(), fds.size(), next_timeout_ms()) < 0) {
+                if (errno == EINTR) continue;
+                throw system_error("poll");
+            }
+            for (size_t i = 0; i < fds.size() && !stopping_; ++i) {
+                if (fds[i].revents != 0) handlers[i](fds[i].revents);
+            }
+            check_deadlines();
+            drop_gone_clients();
+            if (draining_ && idle()) stopping_ = true;
+        }
+    }
+
+    // Nothing under way: no run waiting or running, no session starting or busy.
+    bool idle() const {
+        for (const auto& [key, job] : jobs_) {
+            if (job.session.empty() && !job.abandoned) return false;
+        }
+        for (const auto& [id, session] : sessions_) {
+            if (session.state == Session::State::kStarting || session.state == Session::State::kBusy ||
+                !session.queue.empty()) {
+                if (session.state != Session::State::kDead) return false;
+            }
+        }
+        return true;
+    }
+
+    void handle_signals(int signal_fd) {
+        signalfd_siginfo info{};
+        while (::read(signal_fd, &info, sizeof info) == sizeof info) {
+            if (is_forwarded_signal(static_cast<int>(info.ssi_signo))) stopping_ = true;
+        }
+        if (supervisor_.running() && supervisor_.try_reap()) {
+            print_error("the sandbox supervisor died; stopping");
+            exit_status_ = kExitSqboxFailure;
+            stopping_ = true;
+        }
+    }
+
+    int next_timeout_ms() const {
+        std::optional<Clock::time_point> nearest;
+        for (const auto& [id, session] : sessions_) {
+            if (session.deadline && (!nearest || *session.deadline < *nearest)) {
+                nearest = session.deadline;
+            }
+        }
+        if (!nearest) return -1;
+        auto ms = std::chrono::ceil<std::chrono::milliseconds>(*nearest - Clock::now()).count();
+        return static_cast<int>(std::max<long long>(0, ms));
+    }
+
+    // ---- clients ----
+
+    void read_client(int client_id) {
+        Client& client = clients_.at(client_id);
+        char buffer[kReadChunk];
+        for (;;) {
+            ssize_t n = ::read(client.in_fd, buffer, sizeof buffer);
+            if (n > 0) {
+                client.in.append(buffer, static_cast<size_t>(n));
+                if (static_cast<size_t>(n) < sizeof buffer) break;
+                continue;
+            }
+            if (n < 0 && (errno == EAGAIN || errno == EINTR)) break;
+            client.input_closed = true;  // EOF or error
+            break;
+        }
+        size_t newline;
+        while ((newline = client.in.find('\n')) != std::string::npos) {
+            std::string line = client.in.substr(0, newline);
+            client.in.erase(0, newline + 1);
+            if (!line.empty()) handle_line(client_id, line);
+            if (clients_.find(client_id) == clients_.end()) return;
+        }
+        Client& same = clients_.at(client_id);
+        if (same.in.size() > kMaxRequestBytes) {
+            respond(client_id, {{"id", nullptr},
+                                {"ok", false},
+                                {"error", error_object("BadRequest", "request line too long")}});
+            same.in.clear();
+            same.input_closed = true;
+        }
+        if (same.input_closed && same.socket.get() < 0 && options_.socket_path.empty()) {
+            // No more requests can come: answer what is under way, then stop.
+            draining_ = true;
+        }
+    }
+
+    void respond(int client_id, const json& message) {
+        auto it = clients_.find(client_id);
+        if (it == clients_.end() || it->second.broken) return;
+        it->second.out += dump_line(message);
+        flush_client(client_id);
+    }
+
+    void flush_client(int client_id) {
+        Client& client = clients_.at(client_id);
+        while (!client.out.empty()) {
+            ssize_t n = ::write(client.out_fd, client.out.data(), client.out.size());
+            if (n > 0) {
+                client.out.erase(0, static_cast<size_t>(n));
+                continue;
+            }
+            if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+            client.broken = true;
+            client.out.clear();
+            return;
+        }
+    }
+
+    void drop_gone_clients() {
+        for (auto it = clients_.begin(); it != clients_.end();) {
+            Client& client = it->second;
+            const bool stdio = client.socket.get() < 0;
+            const bool gone = client.broken || (client.input_closed && client.out.empty() && !stdio);
+            if (!gone) {
+                ++it;
+                continue;
+            }
+            const int client_id = it->first;
+            for (auto& [key, job] : jobs_) {
+                if (job.client == client_id && job.session.empty()) {
+                    job.abandoned = true;
+                    signal_job(job, SIGKILL);
+                }
+            }
+            std::vector<std::string> owned;
+            for (auto& [id, session] : sessions_) {
+                if (session.client == client_id) owned.push_back(id);
+            }
+            for (const auto& id : owned) destroy_session(id);
+            if (stdio && options_.socket_path.empty()) stopping_ = true;
+            it = clients_.erase(it);
+        }
+    }
+
+    // ---- requests ----
+
+    void handle_line(int client_id, const std::string& line) {
+        json request;
+        try {
+            request = json::parse(line);
+        } catch (const json::exception& e) {
+            respond(client_id, {{"id", nullptr},
+                                {"ok", false},
+                                {"error", error_object("BadRequest", std::string("not JSON: ") + e.what())}});
+            return;
+        }
+        json id = request.is_object() && request.contains("id") ? request["id"] : json(nullptr);
+        try {
+            if (!request.is_object()) throw Error("a request is a JSON object");
+            const std::string op = request.value("op", "");
+            if (op == "run") {
+                start_run(client_id, request);
+            } else if (op == "session_open") {
+                open_session(client_id, request);
+            } else if (op == "exec" || op == "put" || op == "get" || op == "tools") {
+                Session& session = owned_session(client_id, request);
+                if (session.state == Session::State::kDead) {
+                    respond(client_id, dead_answer(session, id));
+                    return;
+                }
+                session.queue.push_back(request);
+                pump(session);
+            } else if (op == "tool_result") {
+                forward_tool_result(client_id, request);
+            } else if (op == "reset") {
+                reset_session(owned_session(client_id, request), id);
+            } else if (op == "close") {
+                Session& session = owned_session(client_id, request);
+                destroy_session(session.id);
+                respond(client_id, {{"id", id}, {"ok", true}});
+            } else if (op == "ping") {
+                respond(client_id, {{"id", id}, {"ok", true}, {"version", kServerVersion}});
+            } else if (op == "shutdown") {
+                respond(client_id, {{"id", id}, {"ok", true}});
+                stopping_ = true;
+            } else {
+                throw Error("unknown op '" + op + "'");
+            }
+        } catch (const Error& e) {
+            respond(client_id, {{"id", id}, {"ok", false}, {"error", error_object("BadRequest", e.what())}});
+        } catch (const json::exception& e) {
+            respond(client_id, {{"id", id}, {"ok", false},
+                                {"error", error_object("BadRequest", std::string("malformed request: ") + e.what())}});
+        }
+    }
+
+    Session& owned_session(int client_id, const json& request) {
+        auto it = sessions_.find(request.at("session").get<std::string>());
+        if (it == sessions_.end() || it->second.client != client_id) {
+            throw Error("no such session: " + request.at("session").get<std::string>());
+        }
+        return it->second;
+    }
+
+    // ---- sandboxes ----
+
+    Job& new_job(int client_id, RequestSettings settings) {
+        const uint64_t key = next_key_++;
+        Job& job = jobs_[key];
+        job.key = key;
+        job.client = client_id;
+        job.settings = std::move(settings);
+        return job;
+    }
+
+    void start_run(int client_id, const json& request) {
+        RequestSettings settings = settings_from_request(request, options_.base, false);
+        Job& job = new_job(client_id, std::move(settings));
+        job.id = request.value("id", json(nullptr));
+        const auto limit = job.settings.config.output_limit_bytes;
+        job.out.limit = job.err.limit = limit ? *limit : kDefaultRunOutputLimit;
+        waiting_runs_.push_back(job.key);
+        start_waiting_runs();
+    }
+
+    void start_waiting_runs() {
+        while (running_runs_ < max_parallel_ && !waiting_runs_.empty()) {
+            const uint64_t key = waiting_runs_.front();
+            waiting_runs_.pop_front();
+            auto it = jobs_.find(key);
+            if (it == jobs_.end() || it->second.abandoned) {
+                if (it != jobs_.end()) jobs_.erase(it);
+                continue;
+            }
+            ++running_runs_;
+            it->second.counted = true;
+            launch(it->second);
+        }
+    }
+
+    // Hands the sandbox to the supervisor. A failure becomes the job's report.
+    void launch(Job& job) {
+        try {
+            SandboxConfig& config = job.settings.config;
+            job.cgroup = SandboxCgroup::plan(config);
+            std::vector<int> join_fds;
+            ResourceLimits rlimits = config.limits;
+            if (job.cgroup) {
+                job.cgroup->create();
+                join_fds = job.cgroup->join_fds();
+                if (job.cgroup->limits_memory()) rlimits.memory_bytes.reset();
+                if (job.cgroup->limits_processes()) rlimits.processes.reset();
+            }
+            if (config.limits.cpus && (!job.cgroup || !job.cgroup->limits_cpu())) {
+                throw Error("cpus needs a cgroup with the cpu controller");
+            }
+            Pipes pipes = make_stdio_pipes();
+            // The configuration can be large (code, environment): it travels in a memfd.
+            UniqueFd request(::memfd_create("sqbox-request", MFD_CLOEXEC));
+            const std::string text =
+                json{{"config", config_to_json(config)}, {"rlimits", limits_to_json(rlimits)}}.dump();
+            if (!request || !write_all(request.get(), text.data(), text.size()) ||
+                ::lseek(request.get(), 0, SEEK_SET) != 0) {
+                throw system_error("cannot pass the request to the supervisor");
+            }
+            std::vector<int> fds = {request.get(), pipes.in.read_end.get(),
+                                    pipes.out.write_end.get(), pipes.err.write_end.get()};
+            fds.insert(fds.end(), join_fds.begin(), join_fds.end());
+            send_to_supervisor('s', {{"key", job.key}}, fds);
+            job.started = true;
+            job.stdin_fd = std::move(pipes.in.write_end);
+            job.out.fd = std::move(pipes.out.read_end);
+            job.err.fd = std::move(pipes.err.read_end);
+            job.stdin_pending = job.settings.stdin_data;
+            if (job.stdin_pending.empty() && !job.keep_stdin_open) job.stdin_fd.reset();
+            else write_stdin(job.key);
+        } catch (const Error& e) {
+            job.report = json{{"exit_status", kExitSqboxFailure}, {"payload_started", false},
+                              {"payload_finished", false}, {"timed_out", false}, {"wait_status", 0},
+                              {"wall_ns", 0}, {"cpu_ns", 0}, {"max_rss_kib", 0}, {"error", e.what()}};
+            maybe_finish(job.key);
+        }
+    }
+
+    void write_stdin(uint64_t key) {
+        auto it = jobs_.find(key);
+        if (it == jobs_.end()) return;
+        Job& job = it->second;
+        while (job.stdin_fd && !job.stdin_pending.empty()) {
+            ssize_t n = ::write(job.stdin_fd.get(), job.stdin_pending.data(), job.stdin_pending.size());
+            if (n > 0) {
+                job.stdin_pending.erase(0, static_cast<size_t>(n));
+                continue;
+            }
+            if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+            job.stdin_fd.reset();  // the payload closed its stdin
+            job.stdin_pending.clear();
+        }
+        if (job.stdin_pending.empty() && !job.keep_stdin_open) job.stdin_fd.reset();
+    }
+
+    void read_output(uint64_t key, bool stdout_stream) {
+        auto it = jobs_.find(key);
+        if (it == jobs_.end()) return;
+        Job& job = it->second;
+        Capture& capture = stdout_stream ? job.out : job.err;
+        char buffer[kReadChunk];
+        ssize_t n = ::read(capture.fd.get(), buffer, sizeof buffer);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+        if (n <= 0) {
+            capture.fd.reset();
+            if (!job.session.empty() && stdout_stream) driver_gone(job);
+            maybe_finish(key);
+            return;
+        }
+        const std::string_view chunk(buffer, static_cast<size_t>(n));
+        if (!job.session.empty()) {
+            if (stdout_stream) {
+                driver_output(job, chunk);
+            } else {
+                Session* session = session_of(job);
+                if (session != nullptr) {
+                    session->log.append(chunk);
+                    if (session->log.size() > kSessionLogBytes) {
+                        session->log.erase(0, session->log.size() - kSessionLogBytes);
+                    }
+                }
+            }
+            return;
+        }
+        const uint64_t room = capture.limit > capture.data.size() ? capture.limit - capture.data.size() : 0;
+        if (chunk.size() > room) capture.truncated = true;
+        capture.data.append(chunk.substr(0, std::min<uint64_t>(room, chunk.size())));
+    }
+
+    void handle_supervisor() {
+        std::optional<FdMessage> message = receive_fd_message(control_.get());
+        if (!message) {
+            print_error("the sandbox supervisor went away; stopping");
+            exit_status_ = kExitSqboxFailure;
+            stopping_ = true;
+            return;
+        }
+        if (message->tag != 'r') return;
+        json report = json::parse(message->text);
+        const auto key = report.at("key").get<uint64_t>();
+        auto it = jobs_.find(key);
+        if (it == jobs_.end()) return;
+        it->second.report = std::move(report);
+        maybe_finish(key);
+    }
+
+    void maybe_finish(uint64_t key) {
+        auto it = jobs_.find(key);
+        if (it == jobs_.end()) return;
+        Job& job = it->second;
+        if (!job.session.empty()) {
+            if (!job.report) return;
+            Session* session = session_of(job);
+            if (session != nullptr) {
+                session_died(*session, job.report->value("error", ""));
+            }
+            jobs_.erase(it);
+            return;
+        }
+        if (!job.report || job.out.fd || job.err.fd) return;
+        if (!job.abandoned) respond(job.client, run_answer(job));
+        if (job.counted) --running_runs_;
+        jobs_.erase(it);
+        start_waiting_runs();
+    }
+
+    json run_answer(Job& job) {
+        const json& report = *job.report;
+        const int wait_status = report.value("wait_status", 0);
+        const bool finished = report.value("payload_finished", false) &&
+                              report.value("payload_started", false);
+        const bool timed_out = report.value("timed_out", false);
+        json signal = nullptr;
+        if (timed_out) {
+            signal = SIGKILL;
+        } else if (finished && WIFSIGNALED(wait_status)) {
+            signal = WTERMSIG(wait_status);
+        }
+        json answer = {{"id", job.id},
+                       {"ok", true},
+                       {"exit_code", report.value("exit_status", kExitSqboxFailure)},
+                       {"signal", signal},
+                       {"timed_out", timed_out},
+                       {"oom_killed", job.cgroup && job.cgroup->oom_killed()},
+                       {"stdout_truncated", job.out.truncated},
+                       {"stderr_truncated", job.err.truncated},
+                       {"wall_ms", static_cast<double>(report.value("wall_ns", int64_t{0})) / 1e6},
+                       {"cpu_ms", static_cast<double>(report.value("cpu_ns", int64_t{0})) / 1e6}};
+        if (job.settings.binary) {
+            answer["stdout_b64"] = base64_encode(job.out.data);
+            answer["stderr_b64"] = base64_encode(job.err.data);
+        } else {
+            answer["stdout"] = std::move(job.out.data);
+            answer["stderr"] = std::move(job.err.data);
+        }
+        const std::string error = report.value("error", "");
+        if (!error.empty() && answer["exit_code"] == kExitSqboxFailure) {
+            answer["error"] = error_object("SandboxError", error);
+        }
+        return answer;
+    }
+
+    // ---- sessions ----
+
+    Session* session_of(const Job& job) {
+        if (job.session.empty() || job.abandoned) return nullptr;
+        auto it = sessions_.find(job.session);
+        if (it == sessions_.end() || it->second.job != job.key) return nullptr;
+        return &it->second;
+    }
+
+    void open_session(int client_id, const json& request) {
+        // Validate before anything exists.
+        (void)settings_from_request(request, options_.base, true);
+        const std::string id = "s" + std::to_string(next_session_++);
+        Session& session = sessions_[id];
+        session.id = id;
+        session.client = client_id;
+        session.open_settings = request;
+        if (request.contains("tools")) session.tools = request.at("tools").get<std::vector<std::string>>();
+        session.answer_when_ready = request.value("id", json(nullptr));
+        start_session_sandbox(session);
+    }
+
+    void start_session_sandbox(Session& session) {
+        RequestSettings settings = settings_from_request(session.open_settings, options_.base, true);
+        settings.config.command = {"python3", kDriverPathInSandbox};
+        settings.config.timeout_seconds.reset();
+        MountSpec driver;
+        driver.kind = MountSpec::Kind::kBind;
+        driver.source_in = MountSpec::SourceIn::kSupervisor;
+        driver.source = kDriverPathInScratch;
+        driver.destination = kDriverPathInSandbox;
+        driver.read_only = true;
+        driver.recursive = false;
+        driver.create = MountSpec::Create::kFile;
+        driver.origin = "the session driver";
+        settings.config.mounts.push_back(driver);
+        Job& job = new_job(session.client, std::move(settings));
+        job.session = session.id;
+        job.keep_stdin_open = true;
+        session.job = job.key;
+        session.state = Session::State::kStarting;
+        session.line.clear();
+        session.log.clear();
+        launch(job);
+    }
+
+    void driver_output(Job& job, std::string_view chunk) {
+        Session* session = session_of(job);
+        if (session == nullptr) return;
+        session->line.append(chunk);
+        size_t newline;
+        while ((newline = session->line.find('\n')) != std::string::npos) {
+            std::string line = session->line.substr(0, newline);
+            session->line.erase(0, newline + 1);
+            json message;
+            try {
+                message = json::parse(line);
+            } catch (const json::exception&) {
+                continue;  // not the driver's: ignore
+            }
+            handle_driver_message(*session, message);
+            session = session_of(job);
+            if (session == nullptr) return;
+        }
+        if (session->line.size() > kMaxRequestBytes) {
+            kill_session_sandbox(*session, "the session driver sent an oversized message");
+        }
+    }
+
+    void handle_driver_message(Session& session, const json& message) {
+        const std::string event = message.value("event", "");
+        if (event == "ready") {
+            session.state = Session::State::kIdle;
+            if (!session.tools.empty()) {
+                session.queue.push_front({{"op", "tools"}, {"names", session.tools}, {"internal", true}});
+            }
+            if (session.answer_when_ready) {
+                respond(session.client, {{"id", *session.answer_when_ready}, {"ok", true}, {"session", session.id}});
+                session.answer_when_ready.reset();
+            }
+            pump(session);
+        } else if (event == "tool_call") {
+            if (session.state != Session::State::kBusy || session.current_internal) return;
+            json call = message;
+            call["id"] = session.current.value("id", json(nullptr));
+            call["session"] = session.id;
+            respond(session.client, call);
+        } else if (event == "result") {
+            if (session.state != Session::State::kBusy) return;
+            if (!session.current_internal) {
+                json answer = message;
+                answer.erase("event");
+                answer["id"] = session.current.value("id", json(nullptr));
+                if (!answer.contains("ok")) answer["ok"] = true;
+                if (session.current.value("op", "") == "exec") answer["timed_out"] = session.interrupted;
+                respond(session.client, answer);
+            }
+            session.state = Session::State::kIdle;
+            session.current = nullptr;
+            session.current_internal = false;
+            session.deadline.reset();
+            session.interrupted = false;
+            pump(session);
+        }
+    }
+
+    void pump(Session& session) {
+        if (session.state != Session::State::kIdle || session.queue.empty()) return;
+        json request = std::move(session.queue.front());
+        session.queue.pop_front();
+        const std::string op = request.value("op", "");
+        json to_driver = {{"op", op}};
+        try {
+            if (op == "exec") {
+                to_driver["code"] = request.at("code").get<std::string>();
+                uint64_t limit = kDefaultExecOutputLimit;
+                if (request.contains("output_limit")) limit = request.at("output_limit").get<uint64_t>();
+                to_driver["output_limit"] = limit;
+                if (request.contains("timeout")) {
+                    const double timeout = request.at("timeout").get<double>();
+                    if (timeout <= 0) throw Error("timeout: expected a positive number of seconds");
+                    session.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                          std::chrono::duration<double>(timeout));
+                }
+            } else if (op == "put") {
+                to_driver["path"] = request.at("path").get<std::string>();
+                to_driver["data_b64"] = request.at("data_b64").get<std::string>();
+            } else if (op == "get") {
+                to_driver["path"] = request.at("path").get<std::string>();
+                if (request.contains("limit")) to_driver["limit"] = request.at("limit");
+            } else if (op == "tools") {
+                session.tools = request.at("names").get<std::vector<std::string>>();
+                to_driver["names"] = session.tools;
+            }
+        } catch (const std::exception& e) {
+            if (!request.value("internal", false)) {
+                respond(session.client, {{"id", request.value("id", json(nullptr))}, {"ok", false},
+                                         {"error", error_object("BadRequest", e.what())}});
+            }
+            pump(session);
+            return;
+        }
+        session.current = request;
+        session.current_internal = request.value("internal", false);
+        session.state = Session::State::kBusy;
+        session.interrupted = false;
+        send_to_driver(session, to_driver);
+    }
+
+    void send_to_driver(Session& session, const json& message) {
+        auto it = jobs_.find(session.job);
+        if (it == jobs_.end()) return;
+        it->second.stdin_pending += dump_line(message);
+        write_stdin(session.job);
+    }
+
+    void forward_tool_result(int client_id, const json& request) {
+        Session& session = owned_session(client_id, request);
+        if (session.state != Session::State::kBusy) return;  // too late: the exec has ended
+        json message = {{"op", "tool_result"}, {"call_id", request.at("call_id")}};
+        if (request.contains("error")) {
+            message["error"] = request.at("error");
+        } else {
+            message["result"] = request.value("result", json(nullptr));
+        }
+        send_to_driver(session, message);
+    }
+
+    void check_deadlines() {
+        const auto now = Clock::now();
+        for (auto& [id, session] : sessions_) {
+            if (!session.deadline || now < *session.deadline) continue;
+            auto job = jobs_.find(session.job);
+            if (job == jobs_.end()) {
+                session.deadline.reset();
+                continue;
+            }
+            if (!session.interrupted) {
+                // KeyboardInterrupt in the code; the driver answers and the session lives on.
+                session.interrupted = true;
+                session.deadline = now + kInterruptGrace;
+                signal_job(job->second, SIGINT);
+            } else {
+                session.deadline.reset();
+                kill_session_sandbox(session, "the code did not stop after an interrupt; the session was killed");
+            }
+        }
+    }
+
+    json dead_answer(const Session& session, const json& id) {
+        return {{"id", id},
+                {"ok", false},
+                {"session_dead", true},
+                {"error", error_object("SessionDead", "session " + session.id + " is dead: " + session.dead_reason)}};
+    }
+
+    void kill_session_sandbox(Session& session, const std::string& reason) {
+        if (session.dead_reason.empty()) session.dead_reason = reason;
+        auto it = jobs_.find(session.job);
+        if (it != jobs_.end()) signal_job(it->second, SIGKILL);
+    }
+
+    void driver_gone(Job& job) {
+        Session* session = session_of(job);
+        if (session == nullptr) return;
+        // The driver's channel closed: it exited or was killed. Its sandbox goes too.
+        signal_job(job, SIGKILL);
+        session_died(*session, "");
+    }
+
+    void session_died(Session& session, const std::string& error) {
+        if (session.state == Session::State::kDead) return;
+        if (session.dead_reason.empty()) {
+            std::string reason = error.empty() ? "the interpreter exited" : error;
+            std::string log = session.log;
+            while (!log.empty() && (log.back() == '\n')) log.pop_back();
+            if (!log.empty()) reason += "; its last output: " + log.substr(log.size() > 2000 ? log.size() - 2000 : 0);
+            session.dead_reason = reason;
+        }
+        const bool interrupted = session.interrupted;
+        session.state = Session::State::kDead;
+        session.deadline.reset();
+        if (session.answer_when_ready) {
+            respond(session.client, {{"id", *session.answer_when_ready}, {"ok", false},
+                                     {"error", error_object("SessionError", "the session could not start: " + session.dead_reason)}});
+            session.answer_when_ready.reset();
+        }
+        if (!session.current.is_null() && !session.current_internal) {
+            json answer = dead_answer(session, session.current.value("id", json(nullptr)));
+            if (session.current.value("op", "") == "exec") answer["timed_out"] = interrupted;
+            respond(session.client, answer);
+        }
+        session.current = nullptr;
+        for (const auto& request : session.queue) {
+            if (!request.value("internal", false)) {
+                respond(session.client, dead_answer(session, request.value("id", json(nullptr))));
+            }
+        }
+        session.queue.clear();
+    }
+
+    void retire_session_job(Session& session) {
+        auto it = jobs_.find(session.job);
+        if (it == jobs_.end()) return;
+        it->second.abandoned = true;
+        it->second.stdin_fd.reset();
+        signal_job(it->second, SIGKILL);
+        // Its report still arrives and is dropped then; if it already has, drop the job now.
+        if (it->second.report || !it->second.started) jobs_.erase(it);
+    }
+
+    void reset_session(Session& session, const json& id) {
+        for (const auto& request : session.queue) {
+            if (!request.value("internal", false)) {
+                respond(session.client, {{"id", request.value("id", json(nullptr))}, {"ok", false},
+                                         {"error", error_object("SessionReset", "the session was reset")}});
+            }
+        }
+        session.queue.clear();
+        if (!session.current.is_null() && !session.current_internal && session.state == Session::State::kBusy) {
+            respond(session.client, {{"id", session.current.value("id", json(nullptr))}, {"ok", false},
+                                     {"error", error_object("SessionReset", "the session was reset")}});
+        }
+        retire_session_job(session);
+        session.current = nullptr;
+        session.current_internal = false;
+        session.deadline.reset();
+        session.interrupted = false;
+        session.dead_reason.clear();
+        session.answer_when_ready = id;
+        start_session_sandbox(session);
+    }
+
+    void destroy_session(const std::string& id) {
+        auto it = sessions_.find(id);
+        if (it == sessions_.end()) return;
+        retire_session_job(it->second);
+        sessions_.erase(it);
+    }
+
+    // ---- the end ----
+
+    void shut_down() {
+        // Every sandbox dies with the supervisor (each init has it as its death signal).
+        control_.reset();
+        supervisor_.kill_and_reap();
+        for (auto& [id, client] : clients_) {
+            if (client.broken || client.out.empty()) continue;
+            const int flags = ::fcntl(client.out_fd, F_GETFL);
+            if (flags >= 0) (void)::fcntl(client.out_fd, F_SETFL, flags & ~O_NONBLOCK);
+            (void)write_all(client.out_fd, client.out.data(), client.out.size());
+        }
+        jobs_.clear();  // cgroups are removed now that their processes are gone
+        if (socket_bound_) (void)::unlink(options_.socket_path.c_str());
+    }
+
+    const ServeOptions& options_;
+    unsigned max_parallel_ = 1;
+    ImageSource image_;
+    UniqueFd control_;
+    ChildProcess supervisor_;
+    UniqueFd listener_;
+    bool socket_bound_ = false;
+    std::map<int, Client> clients_;
+    std::map<uint64_t, Job> jobs_;
+    std::map<std::string, Session> sessions_;
+    std::deque<uint64_t> waiting_runs_;
+    unsigned running_runs_ = 0;
+    uint64_t next_key_ = 1;
+    uint64_t next_session_ = 1;
+    int next_client_ = 0;
+    bool stopping_ = false;
+    bool draining_ = false;
+    int exit_status_ = 0;
+};
+
+}  // namespace
+
+int run_server(const ServeOptions& options) {
+    try {
+        // The server lives as long as whoever started it (a Python client, a harness).
+        const pid_t parent = ::getppid();
+        if (::prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) throw system_error("prctl(PR_SET_PDEATHSIG)");
+        if (::getppid() != parent) return 0;
+        struct sigaction ignore {};
+        ignore.sa_handler = SIG_IGN;
+        (void)::sigaction(SIGPIPE, &ignore, nullptr);
+        ScopedSignalBlock block;
+        Server server(options);
+        return server.run();
+    } catch (const Error& e) {
+        print_error(e.what());
+        return kExitSqboxFailure;
+    }
+}
+
+}  // namespace sqbox

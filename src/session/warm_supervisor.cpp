@@ -1,0 +1,283 @@
+#include "session/warm_supervisor.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "image/squashfs_server.h"
+#include "runtime/init.h"
+#include "runtime/process.h"
+#include "runtime/rootfs.h"
+#include "runtime/signals.h"
+#include "runtime/stage_report.h"
+#include "runtime/user_namespace.h"
+#include "session/config_codec.h"
+#include "util/errors.h"
+#include "util/fd_passing.h"
+#include "util/files.h"
+
+namespace sqbox {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+constexpr unsigned long kSandboxNamespaces =
+    CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNS;
+
+struct RunningSandbox {
+    ChildProcess init;
+    UniqueFd report;    // init's StageReport
+    UniqueFd lifeline;  // init dies when this closes
+    std::optional<Clock::time_point> deadline;
+    double timeout_seconds = 0;
+    bool timed_out = false;
+    Clock::time_point started;
+};
+
+json report_to_json(uint64_t key, const StageReport& report) {
+    return {{"key", key},
+            {"exit_status", report.exit_status},
+            {"payload_started", report.payload_started != 0},
+            {"payload_finished", report.payload_finished != 0},
+            {"timed_out", report.timed_out != 0},
+            {"wait_status", report.wait_status},
+            {"wall_ns", report.wall_ns},
+            {"cpu_ns", report.cpu_ns},
+            {"max_rss_kib", report.max_rss_kib},
+            {"error", report.error_message()}};
+}
+
+class WarmSupervisor {
+  public:
+    explicit WarmSupervisor(const WarmSupervisorContext& context) : context_(context) {}
+
+    [[noreturn]] void serve(ChildProcess server) {
+        fuse_server_ = std::move(server);
+        sigset_t signals = pipeline_signals();
+        UniqueFd signal_fd(::signalfd(-1, &signals, SFD_CLOEXEC | SFD_NONBLOCK));
+        if (!signal_fd) throw system_error("signalfd");
+        for (;;) {
+            pollfd fds[2] = {{context_.control_fd, POLLIN, 0}, {signal_fd.get(), POLLIN, 0}};
+            if (::poll(fds, 2, next_timeout_ms()) < 0 && errno != EINTR) {
+                throw system_error("poll");
+            }
+            if (fds[1].revents != 0) {
+                signalfd_siginfo info{};
+                while (::read(signal_fd.get(), &info, sizeof info) == sizeof info) {
+                    // SIGTERM and friends: the server is going away; so do we, with everything.
+                    if (is_forwarded_signal(static_cast<int>(info.ssi_signo))) ::_exit(0);
+                }
+            }
+            reap();
+            enforce_deadlines();
+            if (fds[0].revents != 0) {
+                std::optional<FdMessage> message = receive_fd_message(context_.control_fd);
+                if (!message) ::_exit(0);  // the server is gone: every init dies with us
+                handle(*message);
+            }
+        }
+    }
+
+  private:
+    int next_timeout_ms() const {
+        std::optional<Clock::time_point> nearest;
+        for (const auto& [key, sandbox] : sandboxes_) {
+            if (sandbox.deadline && !sandbox.timed_out && (!nearest || *sandbox.deadline < *nearest)) {
+                nearest = sandbox.deadline;
+            }
+        }
+        if (!nearest) return -1;
+        auto ms = std::chrono::ceil<std::chrono::milliseconds>(*nearest - Clock::now()).count();
+        return static_cast<int>(std::max<long long>(0, ms));
+    }
+
+    void enforce_deadlines() {
+        const auto now = Clock::now();
+        for (auto& [key, sandbox] : sandboxes_) {
+            if (sandbox.deadline && !sandbox.timed_out && now >= *sandbox.deadline) {
+                sandbox.timed_out = true;
+                sandbox.init.send(SIGKILL);  // the whole pid namespace goes with it
+            }
+        }
+    }
+
+    void reap() {
+        if (fuse_server_.running() && fuse_server_.try_reap()) {
+            // Without the image no sandbox can go on; the server sees us exit.
+            print_error("the image server died; stopping every sandbox");
+            ::_exit(kExitSqboxFailure);
+        }
+        for (auto it = sandboxes_.begin(); it != sandboxes_.end();) {
+            if (!it->second.init.try_reap()) {
+                ++it;
+                continue;
+            }
+            finish(it->first, it->second);
+            it = sandboxes_.erase(it);
+        }
+    }
+
+    void finish(uint64_t key, RunningSandbox& sandbox) {
+        StageReport report;
+        const bool reported = receive_report(sandbox.report.get(), report);
+        if (sandbox.timed_out && !(reported && report.payload_finished)) {
+            report = StageReport{};
+            report.timed_out = 1;
+            report.exit_status = kExitTimeout;
+            report.set_error("timed out; sandbox killed");
+        } else if (!reported) {
+            report = StageReport{};
+            report.exit_status = kExitSqboxFailure;
+            report.set_error("sandbox init died unexpectedly");
+        }
+        if (!report.payload_finished) {
+            report.wall_ns =
+                std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - sandbox.started)
+                    .count();
+        }
+        send_fd_message(context_.control_fd, 'r', report_to_json(key, report).dump(), {},
+                        "cannot report to the server");
+    }
+
+    void handle(FdMessage& message) {
+        json body = json::parse(message.text);
+        const auto key = body.at("key").get<uint64_t>();
+        if (message.tag == 'k') {
+            auto it = sandboxes_.find(key);
+            if (it != sandboxes_.end()) it->second.init.send(body.at("signal").get<int>());
+            return;
+        }
+        if (message.tag != 's') throw Error("unexpected message from the server");
+        try {
+            start(key, message.fds);
+        } catch (const Error& e) {
+            StageReport report;
+            report.exit_status = kExitSqboxFailure;
+            report.set_error(e.what());
+            send_fd_message(context_.control_fd, 'r', report_to_json(key, report).dump(), {},
+                            "cannot report to the server");
+        }
+    }
+
+    void start(uint64_t key, std::vector<UniqueFd>& fds) {
+        if (fds.size() < 4) throw Error("a sandbox needs its request, stdin, stdout and stderr");
+        const json request = json::parse(read_all(fds[0].get(), "the request"));
+        fds[0].reset();
+        SandboxConfig config = config_from_json(request.at("config"));
+        SandboxPlan plan = context_.plan_template;
+        plan.config = &config;
+        plan.rlimits = limits_from_json(request.at("rlimits"));
+        for (size_t i = 0; i < 3; ++i) plan.stdio_fds.at(i) = fds[i + 1].get();
+
+        int channel_pair[2];
+        if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, channel_pair) != 0) {
+            throw system_error("socketpair");
+        }
+        UniqueFd channel(channel_pair[0]);
+        UniqueFd init_channel(channel_pair[1]);
+        plan.channel_fd = init_channel.get();
+        Pipe report = make_pipe("init report");
+        Pipe lifeline = make_pipe("lifeline");
+
+        RunningSandbox sandbox;
+        sandbox.started = Clock::now();
+        pid_t pid = clone_process(kSandboxNamespaces, "sandbox namespaces");
+        if (pid == 0) {
+            report.read_end.reset();
+            lifeline.write_end.reset();
+            run_init({&plan, report.write_end.get(), lifeline.read_end.get()});
+        }
+        sandbox.init = ChildProcess(pid);
+        sandbox.report = std::move(report.read_end);
+        sandbox.lifeline = std::move(lifeline.write_end);
+        if (config.timeout_seconds) {
+            sandbox.deadline = sandbox.started + std::chrono::duration_cast<Clock::duration>(
+                                                     std::chrono::duration<double>(
+                                                         *config.timeout_seconds));
+        }
+        std::vector<int> join_fds;
+        for (size_t i = 4; i < fds.size(); ++i) join_fds.push_back(fds[i].get());
+        try {
+            send_fd_message(channel.get(), 'c', "", join_fds, "cannot hand the cgroup over");
+        } catch (const Error&) {
+            // init is already gone; its report says why
+        }
+        sandboxes_.emplace(key, std::move(sandbox));
+    }
+
+    WarmSupervisorContext context_;
+    ChildProcess fuse_server_;
+    std::map<uint64_t, RunningSandbox> sandboxes_;
+};
+
+// Everything up to the FUSE server, as the one-shot supervisor does it.
+ChildProcess mount_image_and_serve(const WarmSupervisorContext& context, const IdMapping& ids) {
+    const ImageSource& image = *context.image;
+    UniqueFd fuse;
+    if (image.kind == ImageSource::Kind::kSquashfs) {
+        fuse.reset(::open("/dev/fuse", O_RDWR | O_CLOEXEC));
+        if (!fuse) throw system_error("cannot open /dev/fuse");
+    }
+    enter_scratch_root();
+    mount_image(image, fuse.get(), ids);
+    if (::mkdir("/session", 0755) != 0) throw system_error("cannot create /session");
+    write_file_at(AT_FDCWD, kDriverPathInScratch, context.driver_source, O_EXCL | O_NOFOLLOW,
+                  0644);
+    if (image.kind != ImageSource::Kind::kSquashfs) return {};
+    const pid_t self = ::getpid();
+    pid_t pid = ::fork();
+    if (pid < 0) throw system_error("cannot start the image server");
+    if (pid == 0) {
+        die_with_parent(self);
+        (void)::close(context.control_fd);
+        int status = serve_squashfs(image.squashfs.get(), fuse.get(),
+                                    {ids.inside_uid, ids.inside_gid});
+        ::_exit(status == 0 ? 0 : kExitSqboxFailure);
+    }
+    return ChildProcess(pid);
+}
+
+}  // namespace
+
+void run_warm_supervisor(const WarmSupervisorContext& context) {
+    const SandboxConfig& base = *context.base;
+    try {
+        die_with_parent(context.server_pid);
+        if (::setpgid(0, 0) != 0) throw system_error("setpgid");
+        // The server's stdin and stdout are its clients' channel: not ours.
+        UniqueFd null(::open("/dev/null", O_RDWR | O_CLOEXEC));
+        if (!null || ::dup2(null.get(), STDIN_FILENO) < 0 || ::dup2(null.get(), STDOUT_FILENO) < 0) {
+            throw system_error("cannot open /dev/null");
+        }
+        null.reset();
+        close_fds_except({context.image->file.get(), context.control_fd});
+        const IdMapping ids{base.map_root ? 0 : base.outside_uid,
+                            base.map_root ? 0 : base.outside_gid, base.outside_uid,
+                            base.outside_gid};
+        write_own_id_maps(ids);
+        if (::prctl(PR_SET_DUMPABLE, 0) != 0) throw system_error("prctl(PR_SET_DUMPABLE)");
+        ChildProcess server = mount_image_and_serve(context, ids);
+        send_fd_message(context.control_fd, 'w', "", {}, "cannot tell the server we are ready");
+        WarmSupervisor(context).serve(std::move(server));
+    } catch (const Error& e) {
+        try {
+            send_fd_message(context.control_fd, 'e', json{{"error", e.what()}}.dump(), {},
+                            "cannot report to the server");
+        } catch (const Error&) {
+        }
+        ::_exit(kExitSqboxFailure);
+    }
+}
+
+}  // namespace sqbox

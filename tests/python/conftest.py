@@ -1,0 +1,48 @@
+"""Fixtures for the Python client tests: the REAL sqbox binary and the REAL Python image.
+
+`$SQBOX_BIN` (default <repo>/build/sqbox) and `$SQBOX_PYTHON_IMAGE` (default: whatever
+`images/build python` prints) select them. The client package is imported from <repo>/python
+without being installed.
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # for proctools
+
+import sqbox  # noqa: E402  (needs the path above)
+
+
+@pytest.fixture(scope="session")
+def sqbox_bin():
+    path = os.environ.get("SQBOX_BIN", str(ROOT / "build" / "sqbox"))
+    assert os.access(path, os.X_OK), f"sqbox binary not found at {path}; build first"
+    return path
+
+
+@pytest.fixture(scope="session")
+def python_image():
+    path = os.environ.get("SQBOX_PYTHON_IMAGE")
+    if not path:
+        path = subprocess.run([str(ROOT / "images" / "build"), "python"], check=True,
+                              stdout=subprocess.PIPE, text=True).stdout.strip()
+    assert Path(path).is_file(), f"python image {path} missing"
+    return path
+
+
+@pytest.fixture(scope="module")
+def sandbox(sqbox_bin, python_image):
+    """One server shared by the tests of a module (each test makes its own sessions)."""
+    with sqbox.Sandbox(python_image, binary=sqbox_bin) as box:
+        yield box
+
+
+@pytest.fixture
+def session(sandbox):
+    with sandbox.session(timeout=30) as sess:
+        yield sess

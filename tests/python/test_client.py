@@ -1,0 +1,546 @@
+"""The Python client against the real sqbox binary and the real Python image."""
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+import proctools
+import sqbox
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# ---------------------------------------------------------------------------------------------
+# sqbox.run: one-shot `sqbox run`
+
+
+def test_run_prints_and_exits_zero(sqbox_bin, python_image):
+    result = sqbox.run(python_image, ["python3", "-c", "print('hello')"], binary=sqbox_bin)
+    assert result.exit_code == 0 and result.ok
+    assert result.stdout == "hello\n" and result.stdout_bytes == b"hello\n"
+    assert result.stderr == ""
+    assert result.signal is None and not result.timed_out and not result.oom_killed
+    assert result.wall_ms > 0
+
+
+def test_run_string_runs_through_sh_and_reports_exit_code(sqbox_bin, python_image):
+    result = sqbox.run(python_image, "echo out; echo err >&2; exit 7", binary=sqbox_bin)
+    assert (result.exit_code, result.stdout, result.stderr) == (7, "out\n", "err\n")
+    assert not result.ok
+
+
+def test_run_reports_a_signal(sqbox_bin, python_image):
+    result = sqbox.run(python_image, "kill -SEGV $$", binary=sqbox_bin)
+    assert result.exit_code == 128 + signal.SIGSEGV
+    assert result.signal == signal.SIGSEGV
+
+
+def test_run_timeout(sqbox_bin, python_image):
+    started = time.monotonic()
+    result = sqbox.run(python_image, ["sleep", "30"], timeout=0.5, binary=sqbox_bin)
+    assert result.timed_out and result.exit_code == 124
+    assert time.monotonic() - started < 10
+
+
+def test_run_stdin_bytes_round_trip(sqbox_bin, python_image):
+    data = bytes(range(256)) * 64  # not valid UTF-8
+    result = sqbox.run(python_image, ["cat"], stdin=data, binary=sqbox_bin)
+    assert result.stdout_bytes == data
+    assert "\ufffd" in result.stdout  # the str view replaces invalid bytes
+
+
+def test_run_stdin_text_and_default_empty(sqbox_bin, python_image):
+    upper = "import sys; print(sys.stdin.read().upper())"
+    assert sqbox.run(python_image, ["python3", "-c", upper], stdin="abc",
+                     binary=sqbox_bin).stdout == "ABC\n"
+    # Without stdin the payload reads EOF at once instead of waiting for our terminal.
+    assert sqbox.run(python_image, ["python3", "-c", upper], timeout=10,
+                     binary=sqbox_bin).stdout == "\n"
+
+
+def test_run_mounts_env_and_output_limit(sqbox_bin, python_image, tmp_path):
+    source = tmp_path / "in"
+    source.mkdir()
+    (source / "data.txt").write_text("from the host")
+    out = tmp_path / "out"
+    out.mkdir()
+    result = sqbox.run(
+        python_image,
+        "cat /in/data.txt; echo; echo $GREETING; echo written > /out/file; "
+        "touch /in/new 2>/dev/null && echo in-is-writable || echo in-is-read-only",
+        mounts=[(str(source), "/in", "ro"), {"source": str(out), "target": "/out"}],
+        env={"GREETING": "hi there"}, binary=sqbox_bin)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == "from the host\nhi there\nin-is-read-only\n"
+    assert (out / "file").read_text() == "written\n"
+
+    limited = sqbox.run(python_image, ["python3", "-c", "print('x' * 100000)"],
+                        output_limit=1000, binary=sqbox_bin)
+    assert limited.stdout_truncated and not limited.stderr_truncated
+    assert limited.stdout == "x" * 1000
+
+
+def test_run_bad_image_raises_sqbox_error(sqbox_bin, tmp_path):
+    with pytest.raises(sqbox.SqboxError) as caught:
+        sqbox.run(tmp_path / "missing.sqsh", ["true"], binary=sqbox_bin)
+    assert "missing.sqsh" in str(caught.value)
+    assert "missing.sqsh" in caught.value.stderr
+
+
+def test_run_failing_payload_is_not_an_error(sqbox_bin, python_image):
+    # 127 (command not found) is the payload's problem: a result, not an exception.
+    result = sqbox.run(python_image, ["no-such-command"], binary=sqbox_bin)
+    assert result.exit_code == 127
+
+
+def test_run_refuses_network(sqbox_bin, python_image):
+    with pytest.raises(ValueError, match="network"):
+        sqbox.run(python_image, ["true"], network=True, binary=sqbox_bin)
+
+
+def test_binary_lookup(sqbox_bin, tmp_path, monkeypatch):
+    assert sqbox.find_binary(sqbox_bin) == sqbox_bin
+    monkeypatch.setenv("SQBOX_BIN", sqbox_bin)
+    assert sqbox.find_binary() == sqbox_bin
+    monkeypatch.delenv("SQBOX_BIN")
+    (tmp_path / "sqbox").symlink_to(sqbox_bin)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert sqbox.find_binary() == str(tmp_path / "sqbox")
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    with pytest.raises(sqbox.SqboxError, match="SQBOX_BIN"):
+        sqbox.find_binary()
+    with pytest.raises(sqbox.SqboxError, match="not an executable"):
+        sqbox.find_binary(tmp_path / "missing")
+
+
+# ---------------------------------------------------------------------------------------------
+# Sandbox.run
+
+
+def test_sandbox_run(sandbox):
+    result = sandbox.run(["python3", "-c", "import sys; print(sys.stdin.read()[::-1]); "
+                          "print('e', file=sys.stderr); sys.exit(3)"], stdin="abc")
+    assert (result.exit_code, result.stdout, result.stderr) == (3, "cba\n", "e\n")
+    assert not result.timed_out and result.wall_ms > 0
+
+
+def test_sandbox_run_binary_output_env_and_mounts(sandbox, tmp_path):
+    (tmp_path / "f").write_bytes(b"\xff\x00data")
+    result = sandbox.run("cat /m/f; printf %s \"$K\"", env={"K": "v"},
+                         mounts=[(str(tmp_path), "/m", "ro")])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout_bytes == b"\xff\x00datav"
+
+
+def test_sandbox_run_timeout(sandbox):
+    started = time.monotonic()
+    result = sandbox.run(["sleep", "30"], timeout=0.5)
+    assert result.timed_out and result.exit_code == 124
+    assert time.monotonic() - started < 10
+
+
+def test_sandbox_run_bad_mount_raises(sandbox, tmp_path):
+    with pytest.raises(sqbox.SqboxError):
+        sandbox.run(["true"], mounts=[(str(tmp_path / "does-not-exist"), "/m")])
+    assert sandbox.run(["true"]).exit_code == 0  # the server is still fine
+
+
+def test_sandbox_with_bad_image_raises_and_leaves_nothing(sqbox_bin, tmp_path):
+    before = set(proctools.children(os.getpid()))
+    with pytest.raises(sqbox.SqboxError) as caught:
+        sqbox.Sandbox(tmp_path / "missing.sqsh", binary=sqbox_bin)
+    assert "missing.sqsh" in str(caught.value)
+    assert set(proctools.children(os.getpid())) <= before
+
+
+# ---------------------------------------------------------------------------------------------
+# Sessions
+
+
+def test_state_persists_and_trailing_expression_value(session):
+    first = session.execute("x = 41\nprint('set')")
+    assert first.stdout == "set\n" and first.value is None and first.error is None
+    second = session.execute("x + 1")
+    assert second.value == "42"
+    assert session.execute("'a' * 3").value == "'aaa'"  # a repr
+    assert session.execute("import os\nos.system('echo from a child')").stdout \
+        == "from a child\n"
+
+
+def test_exception_reports_type_message_and_traceback(session):
+    result = session.execute("def f():\n    return 1 / 0\nf()")
+    assert result.error is not None and not result.ok
+    assert result.error.type == "ZeroDivisionError"
+    assert result.error.message == "division by zero"
+    assert "Traceback" in result.error.traceback and "in f" in result.error.traceback
+    with pytest.raises(sqbox.SandboxExecError) as caught:
+        result.raise_for_error()
+    assert caught.value.type == "ZeroDivisionError"
+    assert session.execute("2 + 2").raise_for_error().value == "4"  # still usable
+
+
+@pytest.mark.parametrize("crash", [
+    "import os\nos._exit(3)",
+    "import ctypes\nctypes.string_at(0)",  # segfault
+])
+def test_crash_kills_only_its_session(sandbox, crash):
+    with sandbox.session() as doomed, sandbox.session() as other:
+        other.execute("y = 'intact'")
+        with pytest.raises(sqbox.SessionDead):
+            doomed.execute(crash)
+        with pytest.raises(sqbox.SessionDead):
+            doomed.execute("1")  # stays dead until reset
+        assert other.execute("y").value == "'intact'"
+        doomed.reset()
+        assert doomed.execute("1 + 1").value == "2"
+
+
+def test_timeout_interrupts_and_session_survives(session):
+    session.execute("kept = 'yes'")
+    started = time.monotonic()
+    result = session.execute("while True: pass", timeout=1)
+    assert result.timed_out
+    assert result.error is not None and result.error.type == "KeyboardInterrupt"
+    assert time.monotonic() - started < 5
+    assert session.execute("kept").value == "'yes'"
+
+
+def test_timeout_ignored_by_code_kills_the_session(session):
+    stubborn = textwrap.dedent("""\
+        while True:
+            try:
+                while True:
+                    pass
+            except KeyboardInterrupt:
+                pass
+        """)
+    started = time.monotonic()
+    with pytest.raises(sqbox.SessionDead):
+        session.execute(stubborn, timeout=0.5)
+    assert time.monotonic() - started < 10
+    session.reset()
+    assert session.execute("'back'").value == "'back'"
+
+
+def test_tools_round_trip(sandbox):
+    calls = []
+
+    def add(a, b, *, scale=1):
+        calls.append(threading.current_thread().name)
+        return {"sum": (a + b) * scale, "items": [a, b]}
+
+    def fail(message):
+        raise ValueError(message)
+
+    def not_json():
+        return object()
+
+    with sandbox.session(tools=[add, fail]) as sess:
+        sess.register_tool(not_json)
+        sess.register_tool(lambda: "renamed", name="other")
+        result = sess.execute("r = tools.add(2, 3, scale=10)\nr").raise_for_error()
+        assert result.value == "{'sum': 50, 'items': [2, 3]}"
+        # A host exception arrives as sqbox_tools.ToolError carrying type and message.
+        caught = sess.execute(textwrap.dedent("""\
+            from sqbox_tools import ToolError
+            try:
+                tools.fail("bad query")
+            except ToolError as e:
+                out = str(e)
+            out
+            """)).raise_for_error()
+        assert "ValueError" in caught.value and "bad query" in caught.value
+        # Uncaught, it is the exec's error.
+        uncaught = sess.execute("tools.fail('boom')")
+        assert uncaught.error.type == "ToolError" and "boom" in uncaught.error.message
+        unserialisable = sess.execute("tools.not_json()")
+        assert unserialisable.error.type == "ToolError"
+        assert "JSON" in unserialisable.error.message
+        assert sess.execute("tools.other()").value == "'renamed'"
+    assert calls and all(name != "sqbox-reader" for name in calls)
+
+
+def test_tool_can_use_the_sandbox_while_called(sandbox):
+    # The tool runs off the reader thread, so it can make requests of its own.
+    def shell(command):
+        return sandbox.run(command).stdout
+
+    with sandbox.session(tools=[shell]) as sess:
+        assert sess.execute("tools.shell('echo nested')").value == "'nested\\n'"
+
+
+def test_put_get_binary_round_trip(session):
+    data = os.urandom(300_000) + bytes(range(256))
+    session.put("/tmp/blob.bin", data)
+    digest = session.execute("import hashlib\n"
+                             "hashlib.sha256(open('/tmp/blob.bin','rb').read()).hexdigest()")
+    assert digest.value == repr(hashlib.sha256(data).hexdigest())
+    session.execute("open('/tmp/made.bin', 'wb').write(bytes(range(256))[::-1])")
+    assert session.get("/tmp/made.bin") == bytes(range(256))[::-1]
+    assert session.get("/tmp/blob.bin") == data
+    with pytest.raises(sqbox.SqboxError):
+        session.get("/tmp/does-not-exist")
+
+
+def test_reset_gives_a_clean_namespace_and_keeps_tools(sandbox):
+    with sandbox.session(tools={"ping": lambda: "pong"}) as sess:
+        sess.execute("x = 1\nopen('/tmp/f', 'w').write('x')")
+        sess.reset()
+        result = sess.execute("x")
+        assert result.error is not None and result.error.type == "NameError"
+        assert sess.execute("import os\nos.path.exists('/tmp/f')").value == "False"
+        assert sess.execute("tools.ping()").value == "'pong'"
+
+
+def test_closed_session_refuses_work(sandbox):
+    sess = sandbox.session()
+    sess.close()
+    sess.close()  # twice is fine
+    with pytest.raises(sqbox.SqboxError):
+        sess.execute("1")
+
+
+# ---------------------------------------------------------------------------------------------
+# Concurrency
+
+
+def test_200_concurrent_runs_from_threads(sandbox):
+    def one(i):
+        return i, sandbox.run(["sh", "-c", "echo $0", str(i)], timeout=60)
+
+    with ThreadPoolExecutor(max_workers=200) as pool:
+        results = list(pool.map(one, range(200)))
+    assert [(r.exit_code, r.stdout) for _, r in results] == [(0, f"{i}\n") for i in range(200)]
+
+
+def test_200_concurrent_execs_and_tool_calls_from_threads(sandbox):
+    sessions = [sandbox.session(tools={"double": lambda v: 2 * v}) for _ in range(4)]
+    try:
+        def one(i):
+            return sessions[i % 4].execute(f"print({i})\ntools.double({i})", timeout=60)
+
+        with ThreadPoolExecutor(max_workers=200) as pool:
+            results = list(pool.map(one, range(200)))
+        for i, result in enumerate(results):
+            assert (result.stdout, result.value, result.error) == (f"{i}\n", str(2 * i), None)
+    finally:
+        for sess in sessions:
+            sess.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# asyncio
+
+
+def test_async_sandbox(sqbox_bin, python_image):
+    async def scenario():
+        async def triple(v):
+            await asyncio.sleep(0)
+            return 3 * v
+
+        async with sqbox.AsyncSandbox(python_image, binary=sqbox_bin) as box:
+            result = await box.run(["python3", "-c", "print(6 * 7)"])
+            assert (result.exit_code, result.stdout) == (0, "42\n")
+            async with await box.session(tools=[triple]) as sess:
+                await sess.register_tool(lambda a, b=0: a - b, name="sub")
+                assert (await sess.execute("x = tools.triple(5)\nx")).value == "15"
+                assert (await sess.execute("tools.sub(9, b=2)")).value == "7"
+                assert (await sess.execute("x")).value == "15"
+                error = (await sess.execute("raise KeyError('k')")).error
+                assert error.type == "KeyError"
+                await sess.put("/tmp/a", b"\x00\x01\xff")
+                assert await sess.get("/tmp/a") == b"\x00\x01\xff"
+                slow = await sess.execute("while True: pass", timeout=1)
+                assert slow.timed_out
+                await sess.reset()
+                assert (await sess.execute("'x' in globals()")).value == "False"
+            with pytest.raises(sqbox.SessionDead):
+                async with await box.session() as dead:
+                    await dead.execute("import os; os._exit(1)")
+
+    asyncio.run(scenario())
+
+
+def test_async_200_concurrent(sqbox_bin, python_image):
+    async def scenario():
+        async with sqbox.AsyncSandbox(python_image, binary=sqbox_bin) as box:
+            sessions = [await box.session(tools={"double": lambda v: 2 * v}) for _ in range(4)]
+
+            async def run(i):
+                return (await box.run(["sh", "-c", "echo $0", str(i)], timeout=60)).stdout
+
+            async def execute(i):
+                result = await sessions[i % 4].execute(f"print({i})\ntools.double({i})")
+                return result.stdout + str(result.value)
+
+            runs = await asyncio.gather(*(run(i) for i in range(200)))
+            execs = await asyncio.gather(*(execute(i) for i in range(200)))
+            return runs, execs
+
+    runs, execs = asyncio.run(scenario())
+    assert runs == [f"{i}\n" for i in range(200)]
+    assert execs == [f"{i}\n{2 * i}" for i in range(200)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Lifetime: nothing outlives the client
+
+
+def test_close_leaves_no_process(sqbox_bin, python_image):
+    before_mounts, before_fuse = proctools.mountinfo(), proctools.fuse_connections()
+    box = sqbox.Sandbox(python_image, binary=sqbox_bin)
+    sess = box.session()
+    sess.execute("import subprocess\nsubprocess.Popen(['sleep', '1000'])")
+    in_flight = []
+    runner = threading.Thread(target=lambda: in_flight.append(_capture(box.run, ["sleep", "1000"])))
+    runner.start()
+    time.sleep(0.5)  # let the run's sandbox start
+    processes = proctools.descendants(box.pid)
+    # server, the session's and the run's sandbox processes (supervisor, FUSE server, init, ...)
+    assert len(processes) >= 5, {p: proctools.cmdline(p) for p in processes}
+    box.close()
+    runner.join(timeout=10)
+    assert isinstance(in_flight[0], sqbox.SqboxError)  # the pending call was failed, not hung
+    assert proctools.wait_all_gone(processes, timeout=5) == []
+    assert proctools.mountinfo() == before_mounts
+    assert proctools.fuse_connections() == before_fuse
+    with pytest.raises(sqbox.SqboxError):
+        sess.execute("1")
+    with pytest.raises(sqbox.SqboxError):
+        box.run(["true"])
+
+
+def _capture(fn, *args):
+    try:
+        return fn(*args)
+    except Exception as exc:  # returned, to be checked by the test's thread
+        return exc
+
+
+def test_server_death_fails_calls_promptly(sqbox_bin, python_image):
+    with sqbox.Sandbox(python_image, binary=sqbox_bin) as box:
+        processes = proctools.descendants(box.pid)
+        sess = box.session()
+        processes.update(proctools.descendants(box.pid))
+        os.kill(box.pid, signal.SIGKILL)
+        started = time.monotonic()
+        with pytest.raises(sqbox.SqboxError, match="exited"):
+            sess.execute("import time; time.sleep(100)")
+        assert time.monotonic() - started < 10
+        with pytest.raises(sqbox.SqboxError):
+            box.run(["true"])
+        # Its sandboxes die with it.
+        assert proctools.wait_all_gone(processes, timeout=5) == []
+
+
+def test_sandbox_made_in_a_finished_thread_keeps_working(sqbox_bin, python_image):
+    # Made in a worker thread that then ends: the server must outlive that thread.
+    made = []
+    maker = threading.Thread(target=lambda: made.append(
+        sqbox.Sandbox(python_image, binary=sqbox_bin)))
+    maker.start()
+    maker.join()
+    with made[0] as box:
+        time.sleep(0.5)
+        assert box.run(["echo", "alive"]).stdout == "alive\n"
+
+
+CLIENT_SCRIPT = """
+import json, sys, threading, time
+sys.path.insert(0, {python_dir!r})
+import sqbox
+box = sqbox.Sandbox({image!r}, binary={binary!r})
+sess = box.session()
+sess.execute("import subprocess; subprocess.Popen(['sleep', '1000'])")
+threading.Thread(target=box.run, args=(["sleep", "1000"],), daemon=True).start()
+time.sleep(0.5)
+print(json.dumps({{"server": box.pid}}), flush=True)
+time.sleep(1000)
+"""
+
+
+def test_kill_9_of_the_client_leaves_nothing(sqbox_bin, python_image):
+    before_mounts, before_fuse = proctools.mountinfo(), proctools.fuse_connections()
+    script = CLIENT_SCRIPT.format(python_dir=str(ROOT / "python"), image=python_image,
+                                  binary=sqbox_bin)
+    client = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        line = client.stdout.readline()
+        assert line, "client script failed"
+        server = json.loads(line)["server"]
+        processes = proctools.descendants(client.pid)
+        assert server in processes
+        assert len(processes) >= 6, {p: proctools.cmdline(p) for p in processes}
+        client.kill()
+        client.wait()
+        gone_by = time.monotonic()
+        leftovers = proctools.wait_all_gone(processes, timeout=5)
+        assert leftovers == [], {p: proctools.cmdline(p) for p in leftovers}
+        assert time.monotonic() - gone_by < 5
+        assert proctools.mountinfo() == before_mounts
+        deadline = time.monotonic() + 5
+        while proctools.fuse_connections() != before_fuse and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proctools.fuse_connections() == before_fuse
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()
+        client.stdout.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Packaging and examples
+
+
+def test_pip_install_into_a_venv(tmp_path, sqbox_bin, python_image):
+    venv = tmp_path / "venv"
+    # The system's pip, setuptools and wheel (Debian packages) serve the venv, and the build
+    # is offline: the test must not depend on PyPI.
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", "--system-site-packages",
+                    str(venv)], check=True)
+    # From a copy: setuptools builds in the source tree (build/, *.egg-info).
+    source = tmp_path / "src"
+    shutil.copytree(ROOT / "python", source,
+                    ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
+                    "--no-index", "--no-build-isolation", str(source)], check=True)
+    check = ("import sqbox, sys; print(sqbox.__file__); "
+             "print(sqbox.run(sys.argv[1], 'echo installed').stdout, end='')")
+    out = subprocess.run([str(venv / "bin" / "python"), "-c", check, python_image],
+                         cwd=tmp_path, env=dict(os.environ, SQBOX_BIN=sqbox_bin),
+                         check=True, stdout=subprocess.PIPE, text=True).stdout.splitlines()
+    assert out[0].startswith(str(venv)) and out[1] == "installed"
+
+
+def _run_example(name, sqbox_bin, python_image):
+    env = dict(os.environ, SQBOX_BIN=sqbox_bin, SQBOX_PYTHON_IMAGE=python_image,
+               PYTHONPATH=str(ROOT / "python"))
+    return subprocess.run([sys.executable, str(ROOT / "python" / "examples" / name)], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+
+
+def test_example_sandboxed_python_coder(sqbox_bin, python_image):
+    done = _run_example("sandboxed_python_coder.py", sqbox_bin, python_image)
+    assert done.returncode == 0, done.stderr
+    assert "stdout: '42\\n'" in done.stdout
+    assert "ZeroDivisionError" in done.stdout
+    assert "after reset: NameError" in done.stdout
+
+
+def test_example_smolagents_executor(sqbox_bin, python_image):
+    done = _run_example("smolagents_executor.py", sqbox_bin, python_image)
+    assert done.returncode == 0, done.stderr
+    assert "final answer: 30 (is_final_answer=True)" in done.stdout
+    assert "Sunny in Paris" in done.stdout
