@@ -25,7 +25,7 @@ import sqbox
 # then stops the step by raising, like smolagents' FinalAnswerException.
 _PRELUDE = '''
 class FinalAnswerException(BaseException):
-    """Raised by final_answer() to end the step; BaseException so `except Exception` won't eat it."""
+    """Ends the step (a BaseException, so that `except Exception` in agent code lets it by)."""
 
 def final_answer(answer):
     tools.final_answer(answer)

@@ -239,8 +239,9 @@ class AsyncSandbox:
         if self._closed:
             error = SqboxError("the sandbox was closed")
         else:
-            error = SqboxError(f"sqbox serve exited unexpectedly (status "
-                               f"{self._proc.returncode})", stderr=self._stderr_text())
+            what = "exited unexpectedly" if self.version else "failed to start"
+            error = SqboxError(f"sqbox serve {what} (exit status {self._proc.returncode})",
+                               stderr=self._stderr_text())
         self._lost = error
         pending = list(self._pending.values())
         self._pending.clear()

@@ -259,7 +259,8 @@ def raise_for_reply(reply: Mapping[str, Any], what: str) -> None:
         text = str(error)
     stderr = reply.get("stderr") or ""
     if reply.get("session_dead"):
-        raise SessionDead(f"{what}: session is dead: {text}", stderr=stderr)
+        message = error.get("message") if isinstance(error, Mapping) else None
+        raise SessionDead(f"{what}: {message or 'the session is dead'}", stderr=stderr)
     raise SqboxError(f"{what} failed: {text}", stderr=stderr)
 
 
@@ -274,9 +275,12 @@ def result_from_reply(reply: Mapping[str, Any]) -> Result:
     raise_for_reply(reply, "run")
     stdout, stderr = _output(reply, "stdout"), _output(reply, "stderr")
     exit_code = int(reply["exit_code"])
-    if exit_code == 125 and reply.get("error"):
-        raise SqboxError(f"sqbox failed: {reply['error']}",
-                         stderr=stderr.decode("utf-8", "replace"))
+    error = reply.get("error")
+    if exit_code == 125 and error:
+        # sqbox could not set the sandbox up (the server says so with ok true, status 125).
+        if isinstance(error, Mapping):
+            error = error.get("message") or error.get("type")
+        raise SqboxError(f"sqbox failed: {error}", stderr=stderr.decode("utf-8", "replace"))
     return make_result(reply, exit_code, stdout, stderr)
 
 

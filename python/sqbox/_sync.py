@@ -121,6 +121,7 @@ class Sandbox:
         self._stderr_lock = threading.Lock()
         self._stderr_tail: Deque[bytes] = collections.deque()
         self._stderr_size = 0
+        self.version = ""  # the server's, once it has answered
 
         # Deliberately a plain child (no new session, no daemonizing): if this process dies,
         # the server sees EOF on stdin (and its parent-death signal) and takes its sandboxes down.
@@ -137,8 +138,8 @@ class Sandbox:
         self._reader.start()
         try:
             # Fails fast, with the server's own message, on a bad image or option.
-            self.version: str = str(self._request({"op": "ping"}, timeout=start_timeout)
-                                    .get("version", ""))
+            self.version = str(self._request({"op": "ping"}, timeout=start_timeout)
+                               .get("version", ""))
         except BaseException:
             self.close()
             raise
@@ -218,10 +219,14 @@ class Sandbox:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
-        self._reader.join()
-        self._stderr_thread.join()
-        self._proc.stdout.close()
-        self._proc.stderr.close()
+        # Bounded: the server is gone, so its pipes reach EOF at once unless something else
+        # still holds them; then the daemon threads are left to end on their own.
+        self._reader.join(timeout=CLOSE_TIMEOUT)
+        self._stderr_thread.join(timeout=CLOSE_TIMEOUT)
+        if not self._reader.is_alive():
+            self._proc.stdout.close()
+        if not self._stderr_thread.is_alive():
+            self._proc.stderr.close()
         self._finalizer.detach()
         self._tool_pool.shutdown(wait=False)
 
@@ -306,8 +311,10 @@ class Sandbox:
             if self._closed:
                 error = SqboxError("the sandbox was closed")
             else:
-                error = SqboxError(f"sqbox serve exited unexpectedly (status "
-                                   f"{self._proc.returncode})", stderr=self._stderr_text())
+                what = "exited unexpectedly" if self.version else "failed to start"
+                error = SqboxError(
+                    f"sqbox serve {what} (exit status {self._proc.returncode})",
+                    stderr=self._stderr_text())
             self._lost = error
             pending = list(self._pending.values())
             self._pending.clear()

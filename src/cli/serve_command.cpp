@@ -24,6 +24,10 @@ CLI::App* add_serve_subcommand(CLI::App& app, ServeArguments& args) {
     serve->add_option("--max-parallel", args.max_parallel,
                       "sandboxes of run requests at once (default: twice the CPU count)")
         ->type_name("N");
+    serve->add_option("--pool", args.pool,
+                      "keep N sandboxes set up ahead for run requests without mounts or own "
+                      "memory/pids limits (each used once)")
+        ->type_name("N");
     serve->add_option("-e,--env", args.env, "set KEY=VAL in every sandbox")->type_name("KEY=VAL");
     serve->add_flag("--root", args.map_root, "appear as root (uid 0) inside every sandbox");
     serve->add_option("--tmpfs-size", args.tmpfs_size, "cap of each writable tmpfs (default 1G)")
@@ -62,6 +66,7 @@ int execute_serve(const ServeArguments& args) {
     options.base = build_run_options(run).config;
     options.base.command.clear();
     options.max_parallel = args.max_parallel;
+    options.pool = args.pool;
     if (!args.socket.empty()) {
         options.socket_path = std::filesystem::absolute(args.socket).lexically_normal().string();
     }

@@ -14,6 +14,7 @@ struct ServeArguments {
     std::string image;
     std::string socket;
     unsigned max_parallel = 0;
+    unsigned pool = 0;
     std::vector<std::string> env;
     bool map_root = false;
     std::string tmpfs_size;

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <nlohmann/json.hpp>
 
 #include "image/squashfs_writer.h"
 #include "runtime/mounts.h"
@@ -143,13 +144,42 @@ StageReport supervise_payload(pid_t payload) {
 // (other sandboxes' pipes, its control socket) is closed.
 void adopt_request_stdio(const InitContext& context) {
     const SandboxPlan& plan = *context.plan;
-    if (plan.stdio_fds[0] < 0) return;
-    for (int fd = 0; fd < 3; ++fd) {
-        if (::dup2(plan.stdio_fds[static_cast<size_t>(fd)], fd) < 0) {
-            throw system_error("cannot set up the sandbox's stdio");
+    if (plan.stdio_fds[0] < 0 && !plan.pooled) return;
+    if (plan.stdio_fds[0] >= 0) {
+        for (int fd = 0; fd < 3; ++fd) {
+            if (::dup2(plan.stdio_fds[static_cast<size_t>(fd)], fd) < 0) {
+                throw system_error("cannot set up the sandbox's stdio");
+            }
         }
     }
     close_fds_except({context.report_fd, context.lifeline_fd, plan.channel_fd});
+}
+
+// A pooled sandbox: everything is set up; now the request arrives. Its stdio replaces 0-2, its
+// command and additions complete the configuration. The server going away ends the sandbox.
+void await_request(int channel, SandboxConfig& config, SandboxPlan& plan) {
+    std::optional<FdMessage> message = receive_fd_message(channel);
+    if (!message || message->tag != 'g' || message->fds.size() != 3) ::_exit(0);
+    for (int fd = 0; fd < 3; ++fd) {
+        if (::dup2(message->fds[static_cast<size_t>(fd)].get(), fd) < 0) {
+            throw system_error("cannot set up the sandbox's stdio");
+        }
+    }
+    try {
+        const nlohmann::json request = nlohmann::json::parse(message->text);
+        config.command = request.at("command").get<std::vector<std::string>>();
+        for (const auto& [key, value] :
+             request.at("environment").get<std::vector<std::pair<std::string, std::string>>>()) {
+            config.environment.emplace_back(key, value);
+        }
+        config.workdir = request.at("workdir").get<std::string>();
+        if (!request.at("cpu_seconds").is_null()) {
+            config.limits.cpu_seconds = request.at("cpu_seconds").get<uint64_t>();
+            plan.rlimits.cpu_seconds = config.limits.cpu_seconds;
+        }
+    } catch (const nlohmann::json::exception& e) {
+        throw Error(std::string("malformed request from the server: ") + e.what());
+    }
 }
 
 void run_init(const InitContext& context) {
@@ -167,6 +197,10 @@ void run_init(const InitContext& context) {
     StageReport report;
     try {
         enter_sandbox_cgroup(plan.channel_fd);
+        SandboxConfig live_config = config;
+        SandboxPlan live_plan = plan;
+        live_plan.config = &live_config;
+        if (plan.pooled) await_request(plan.channel_fd, live_config, live_plan);
         SandboxPty terminal;
         if (config.tty) {
             terminal = open_sandbox_pty();
@@ -181,7 +215,7 @@ void run_init(const InitContext& context) {
         if (payload < 0) throw system_error("cannot start the payload");
         if (payload == 0) {
             exec_status.read_end.reset();
-            exec_payload(plan, exec_status.write_end.get(), terminal.slave.get());
+            exec_payload(live_plan, exec_status.write_end.get(), terminal.slave.get());
         }
         terminal.slave.reset();
         exec_status.write_end.reset();

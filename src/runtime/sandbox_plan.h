@@ -24,6 +24,9 @@ struct SandboxPlan {
     // serve starts sandboxes from a long-lived process): init moves them to 0-2 and closes every
     // other descriptor it did not get from this plan.
     std::array<int, 3> stdio_fds = {-1, -1, -1};
+    // A sandbox set up ahead of its request (sqbox serve --pool): once its root is ready, init
+    // waits on channel_fd for the command, environment additions and stdio ('g'), then starts it.
+    bool pooled = false;
     // Init's end of a SOCK_SEQPACKET channel to the launcher: init first receives the files that
     // move it into the sandbox's cgroup ('c', or 'e' with an error), then with --tty sends the
     // terminal's master ('t').

@@ -113,7 +113,7 @@ class Driver:
         for target in (0, 1, 2):
             os.dup2(self.devnull, target)
         self.buf, self.scanned = bytearray(), 0  # protocol input not yet returned as lines
-        self.pid, self.execs, self.calls, self.pending = os.getpid(), 0, 0, None
+        self.pid, self.execs, self.calls = os.getpid(), 0, 0
         self.tmpdir = tempfile.gettempdir()
         self.tools = Tools(self._call_tool)
         module = types.ModuleType("sqbox_tools", "Host tools of this sqbox session.")
@@ -196,7 +196,7 @@ class Driver:
             line = self.readline()
             if not line:
                 os._exit(0)  # not sys.exit: threads user code left running must not hold us
-            self.send(self.answer(line))
+            self.answer(line)
 
     def parse(self, line):
         try:
@@ -208,17 +208,24 @@ class Driver:
         return req
 
     def answer(self, line, req=None):
+        """Carries out one request and sends its result (none for a stale tool_result)."""
         try:
             req = self.parse(line) if req is None else req
-            handler = self.OPS.get(req.get("op"))
+            op = req.get("op")
+            if op == "tool_result":
+                # Not a call this driver awaits (_call_tool takes those): the answer to a call
+                # whose exec was interrupted. Like the client's tool_result, it gets no answer:
+                # the server would take one for the result of the request it is running.
+                return
+            handler = self.OPS.get(op)
             if handler is None:
-                raise Failure("BadRequest", "unknown op %r" % (req.get("op"),))
+                raise Failure("BadRequest", "unknown op %r" % (op,))
             result = handler(self, req)
         except Failure as exc:
             result = {"ok": False, "error": {"type": exc.type, "message": str(exc)}}
         except Exception as exc:  # OSError from put or get, mostly
             result = {"ok": False, "error": {"type": type(exc).__name__, "message": str(exc)}}
-        return dict({"event": "result"}, **result)
+        self.send(dict({"event": "result"}, **result))
 
     # Requests.
     def op_exec(self, req):
@@ -362,18 +369,11 @@ class Driver:
         self.tools._names = tuple(names)
         return {"ok": True}
 
-    def op_tool_result(self, req):
-        # A matching answer is taken by _call_tool before it gets here.
-        if self.pending is None:
-            raise Failure("BadRequest", "no tool call is pending")
-        raise Failure("BadRequest", "tool call %r is pending, not %r"
-                      % (self.pending, req.get("call_id")))
-
-    OPS = {"exec": op_exec, "put": op_put, "get": op_get, "tools": op_tools,
-           "tool_result": op_tool_result}
+    OPS = {"exec": op_exec, "put": op_put, "get": op_get, "tools": op_tools}
 
     # Tool calls, made by user code: synchronous, so a tool called from code that a tool call
     # started again later simply works. Other requests that arrive meanwhile are answered.
+    # Call ids count on over the session, so an answer to an abandoned call never matches.
     def _call_tool(self, name, args, kwargs):
         if not self.running or os.getpid() != self.pid or \
                 threading.current_thread() is not threading.main_thread():
@@ -388,7 +388,7 @@ class Driver:
             raise TypeError("arguments of tool %r must be JSON-serialisable: %s"
                             % (name, exc)) from None
         self.calls += 1
-        saved, self.mode, self.pending = self.mode, DEFER, call_id
+        saved, self.mode = self.mode, DEFER
         try:
             self.send(line)
             while True:
@@ -401,9 +401,9 @@ class Driver:
                     req = None
                 if req and req.get("op") == "tool_result" and req.get("call_id") == call_id:
                     break
-                self.send(self.answer(line, req))
+                self.answer(line, req)
         finally:
-            self.mode, self.pending = saved, None
+            self.mode = saved
         self._raise_missed()  # after the mode switch, so no SIGINT can fall between the two
         error = req.get("error")
         if error is not None:

@@ -18,8 +18,8 @@ struct RequestSettings {
 
 // `base` holds the server's defaults (image, ids, limits, profile). For a session, `command` and
 // `code` are not allowed and the driver's command is filled in by the server.
-RequestSettings settings_from_request(const nlohmann::json& request, const SandboxConfig& base,
-                                      bool session);
+RequestSettings settings_from_request(const nlohmann::ordered_json& request,
+                                      const SandboxConfig& base, bool session);
 
 std::string base64_encode(std::string_view data);
 // Throws Error on anything that is not standard base64.

@@ -7,6 +7,7 @@
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -14,6 +15,7 @@
 
 #include <chrono>
 #include <csignal>
+#include <algorithm>
 #include <deque>
 #include <functional>
 #include <map>
@@ -34,11 +36,13 @@
 #include "util/errors.h"
 #include "util/fd_passing.h"
 #include "util/files.h"
+#include "util/sizes.h"
 
 namespace sqbox {
 namespace {
 
-using nlohmann::json;
+// Ordered: objects keep their keys' order (a tool's kwargs, a result dict) on their way through.
+using json = nlohmann::ordered_json;
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kServerVersion = "sqbox 0.1.0, protocol 1";
@@ -49,7 +53,7 @@ constexpr uint64_t kDefaultRunOutputLimit = 16ULL * 1024 * 1024;
 constexpr uint64_t kDefaultExecOutputLimit = 1024ULL * 1024;
 constexpr size_t kSessionLogBytes = 64 * 1024;
 constexpr auto kInterruptGrace = std::chrono::seconds(2);
-constexpr size_t kReadChunk = 64 * 1024;
+constexpr size_t kReadChunk = 256 * 1024;
 
 std::string dump_line(const json& message) {
     return message.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
@@ -84,6 +88,7 @@ struct Client {
     int out_fd = -1;
     UniqueFd socket;  // socket clients own their descriptor; the stdio client does not
     std::string in;
+    size_t scanned = 0;  // bytes of `in` known to hold no newline (long lines arrive in pieces)
     std::string out;
     bool input_closed = false;
     bool broken = false;  // a write failed: nobody reads any more
@@ -110,6 +115,9 @@ struct Job {
     Capture out, err;
     std::optional<json> report;
     bool started = false;
+    bool pooled = false;     // set up ahead (--pool); its request comes with 'g'
+    bool in_pool = false;    // ...and still waiting for one
+    bool poolable = false;   // a run request a pooled sandbox can serve (no mounts, no own limits)
     bool counted = false;    // holds one of the --max-parallel places
     bool abandoned = false;  // nobody wants its result (closed session, gone client)
 };
@@ -127,8 +135,10 @@ struct Session {
     std::optional<Clock::time_point> deadline;
     bool interrupted = false;
     std::vector<std::string> tools;
-    std::optional<json> answer_when_ready;  // id of a session_open or reset
+    uint64_t output_limit = kDefaultExecOutputLimit;  // each exec's default cap per stream
+    std::vector<json> answer_when_ready;             // ids of a session_open and resets
     std::string line;                       // partial line from the driver
+    size_t scanned = 0;                     // bytes of `line` known to hold no newline
     std::string log;                        // tail of the driver's stderr
     std::string dead_reason;
 };
@@ -143,6 +153,7 @@ class Server {
     }
 
     int run() {
+        watch_parent();
         start_supervisor();
         if (!options_.socket_path.empty()) listen_on_socket();
         Client stdio;
@@ -151,12 +162,23 @@ class Server {
         set_nonblocking(STDIN_FILENO);
         set_nonblocking(STDOUT_FILENO);
         clients_.emplace(next_client_++, std::move(stdio));
+        fill_pool();
         loop();
         shut_down();
         return exit_status_;
     }
 
   private:
+    // The server lives as long as the process that started it (a Python client, a harness).
+    // A pidfd, not PR_SET_PDEATHSIG: that fires when the *thread* that started us exits, and a
+    // client may start its server from a worker thread.
+    void watch_parent() {
+        const pid_t parent = ::getppid();
+        parent_.reset(static_cast<int>(::syscall(SYS_pidfd_open, parent, 0)));
+        if (!parent_) throw system_error("pidfd_open of the parent process");
+        if (::getppid() != parent) stopping_ = true;  // it is already gone
+    }
+
     // ---- the warm supervisor ----
 
     void start_supervisor() {
@@ -246,6 +268,7 @@ class Server {
             handlers.clear();
             watch(signal_fd.get(), POLLIN, [&](short) { handle_signals(signal_fd.get()); });
             watch(control_.get(), POLLIN, [&](short) { handle_supervisor(); });
+            watch(parent_.get(), POLLIN, [&](short) { stopping_ = true; });
             if (listener_) watch(listener_.get(), POLLIN, [&](short) { accept_client(); });
             for (auto& [id, client] : clients_) {
                 const int client_id = id;
@@ -288,7 +311,7 @@ class Server {
     // Nothing under way: no run waiting or running, no session starting or busy.
     bool idle() const {
         for (const auto& [key, job] : jobs_) {
-            if (job.session.empty() && !job.abandoned) return false;
+            if (job.session.empty() && !job.abandoned && !job.in_pool) return false;
         }
         for (const auto& [id, session] : sessions_) {
             if (session.state == Session::State::kStarting || session.state == Session::State::kBusy ||
@@ -327,12 +350,12 @@ class Server {
 
     void read_client(int client_id) {
         Client& client = clients_.at(client_id);
-        char buffer[kReadChunk];
+        std::string& buffer = read_buffer_;
         for (;;) {
-            ssize_t n = ::read(client.in_fd, buffer, sizeof buffer);
+            ssize_t n = ::read(client.in_fd, buffer.data(), buffer.size());
             if (n > 0) {
-                client.in.append(buffer, static_cast<size_t>(n));
-                if (static_cast<size_t>(n) < sizeof buffer) break;
+                client.in.append(buffer.data(), static_cast<size_t>(n));
+                if (static_cast<size_t>(n) < buffer.size()) break;
                 continue;
             }
             if (n < 0 && (errno == EAGAIN || errno == EINTR)) break;
@@ -340,13 +363,15 @@ class Server {
             break;
         }
         size_t newline;
-        while ((newline = client.in.find('\n')) != std::string::npos) {
+        while ((newline = client.in.find('\n', client.scanned)) != std::string::npos) {
             std::string line = client.in.substr(0, newline);
             client.in.erase(0, newline + 1);
+            client.scanned = 0;
             if (!line.empty()) handle_line(client_id, line);
             if (clients_.find(client_id) == clients_.end()) return;
         }
         Client& same = clients_.at(client_id);
+        same.scanned = same.in.size();
         if (same.in.size() > kMaxRequestBytes) {
             respond(client_id, {{"id", nullptr},
                                 {"ok", false},
@@ -483,6 +508,8 @@ class Server {
         RequestSettings settings = settings_from_request(request, options_.base, false);
         Job& job = new_job(client_id, std::move(settings));
         job.id = request.value("id", json(nullptr));
+        job.poolable = !request.contains("mounts") && !request.contains("memory") &&
+                       !request.contains("pids");
         const auto limit = job.settings.config.output_limit_bytes;
         job.out.limit = job.err.limit = limit ? *limit : kDefaultRunOutputLimit;
         waiting_runs_.push_back(job.key);
@@ -499,8 +526,72 @@ class Server {
                 continue;
             }
             ++running_runs_;
+            if (it->second.poolable && !pool_ready_.empty()) {
+                hand_to_pooled(it->second);
+                jobs_.erase(it);
+                fill_pool();
+                continue;
+            }
             it->second.counted = true;
             launch(it->second);
+        }
+    }
+
+    // ---- the pool: sandboxes set up ahead with the server's defaults ----
+
+    void fill_pool() {
+        while (pool_enabled_ && pool_ready_.size() < options_.pool) {
+            RequestSettings settings;
+            settings.config = options_.base;
+            settings.config.command = {"pooled"};  // replaced by the request's
+            Job& job = new_job(-1, std::move(settings));
+            job.pooled = job.in_pool = true;
+            pool_ready_.push_back(job.key);
+            launch(job);
+        }
+    }
+
+    // Moves a run request onto a ready pooled sandbox and starts it there.
+    void hand_to_pooled(Job& request) {
+        const uint64_t key = pool_ready_.front();
+        pool_ready_.pop_front();
+        Job& job = jobs_.at(key);
+        job.in_pool = false;
+        job.counted = true;
+        job.client = request.client;
+        job.id = request.id;
+        job.out.limit = request.out.limit;
+        job.err.limit = request.err.limit;
+        const SandboxConfig& asked = request.settings.config;
+        const std::vector<std::pair<std::string, std::string>> additions(
+            asked.environment.begin() +
+                static_cast<std::ptrdiff_t>(options_.base.environment.size()),
+            asked.environment.end());
+        json go = {{"key", key},
+                   {"command", asked.command},
+                   {"environment", additions},
+                   {"workdir", asked.workdir},
+                   {"cpu_seconds", asked.limits.cpu_seconds ? json(*asked.limits.cpu_seconds) : json(nullptr)},
+                   {"timeout", asked.timeout_seconds ? json(*asked.timeout_seconds) : json(nullptr)}};
+        job.settings = std::move(request.settings);
+        try {
+            Pipes pipes = make_stdio_pipes();
+            send_to_supervisor('g', go,
+                               {pipes.in.read_end.get(), pipes.out.write_end.get(),
+                                pipes.err.write_end.get()});
+            job.stdin_fd = std::move(pipes.in.write_end);
+            job.out.fd = std::move(pipes.out.read_end);
+            job.err.fd = std::move(pipes.err.read_end);
+            job.stdin_pending = job.settings.stdin_data;
+            if (job.stdin_pending.empty()) {
+                job.stdin_fd.reset();
+            } else {
+                write_stdin(job.key);
+            }
+        } catch (const Error& e) {
+            signal_job(job, SIGKILL);
+            job.report = failure_report(e.what());
+            maybe_finish(key);
         }
     }
 
@@ -520,17 +611,26 @@ class Server {
             if (config.limits.cpus && (!job.cgroup || !job.cgroup->limits_cpu())) {
                 throw Error("cpus needs a cgroup with the cpu controller");
             }
-            Pipes pipes = make_stdio_pipes();
             // The configuration can be large (code, environment): it travels in a memfd.
             UniqueFd request(::memfd_create("sqbox-request", MFD_CLOEXEC));
-            const std::string text =
-                json{{"config", config_to_json(config)}, {"rlimits", limits_to_json(rlimits)}}.dump();
+            const std::string text = json{{"config", config_to_json(config)},
+                                          {"rlimits", limits_to_json(rlimits)},
+                                          {"pooled", job.pooled}}
+                                         .dump();
             if (!request || !write_all(request.get(), text.data(), text.size()) ||
                 ::lseek(request.get(), 0, SEEK_SET) != 0) {
                 throw system_error("cannot pass the request to the supervisor");
             }
-            std::vector<int> fds = {request.get(), pipes.in.read_end.get(),
-                                    pipes.out.write_end.get(), pipes.err.write_end.get()};
+            std::vector<int> fds = {request.get()};
+            if (job.pooled) {
+                fds.insert(fds.end(), join_fds.begin(), join_fds.end());
+                send_to_supervisor('s', {{"key", job.key}}, fds);
+                job.started = true;
+                return;
+            }
+            Pipes pipes = make_stdio_pipes();
+            fds.insert(fds.end(), {pipes.in.read_end.get(), pipes.out.write_end.get(),
+                                   pipes.err.write_end.get()});
             fds.insert(fds.end(), join_fds.begin(), join_fds.end());
             send_to_supervisor('s', {{"key", job.key}}, fds);
             job.started = true;
@@ -541,11 +641,15 @@ class Server {
             if (job.stdin_pending.empty() && !job.keep_stdin_open) job.stdin_fd.reset();
             else write_stdin(job.key);
         } catch (const Error& e) {
-            job.report = json{{"exit_status", kExitSqboxFailure}, {"payload_started", false},
-                              {"payload_finished", false}, {"timed_out", false}, {"wait_status", 0},
-                              {"wall_ns", 0}, {"cpu_ns", 0}, {"max_rss_kib", 0}, {"error", e.what()}};
+            job.report = failure_report(e.what());
             maybe_finish(job.key);
         }
+    }
+
+    static json failure_report(const std::string& error) {
+        return {{"exit_status", kExitSqboxFailure}, {"payload_started", false},
+                {"payload_finished", false}, {"timed_out", false}, {"wait_status", 0},
+                {"wall_ns", 0}, {"cpu_ns", 0}, {"max_rss_kib", 0}, {"error", error}};
     }
 
     void write_stdin(uint64_t key) {
@@ -570,8 +674,8 @@ class Server {
         if (it == jobs_.end()) return;
         Job& job = it->second;
         Capture& capture = stdout_stream ? job.out : job.err;
-        char buffer[kReadChunk];
-        ssize_t n = ::read(capture.fd.get(), buffer, sizeof buffer);
+        std::string& buffer = read_buffer_;
+        ssize_t n = ::read(capture.fd.get(), buffer.data(), buffer.size());
         if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
         if (n <= 0) {
             capture.fd.reset();
@@ -579,7 +683,7 @@ class Server {
             maybe_finish(key);
             return;
         }
-        const std::string_view chunk(buffer, static_cast<size_t>(n));
+        const std::string_view chunk(buffer.data(), static_cast<size_t>(n));
         if (!job.session.empty()) {
             if (stdout_stream) {
                 driver_output(job, chunk);
@@ -627,6 +731,21 @@ class Server {
                 session_died(*session, job.report->value("error", ""));
             }
             jobs_.erase(it);
+            return;
+        }
+        if (job.in_pool) {
+            if (!job.report) return;
+            // Set up ahead and gone before any request: something is wrong with the defaults.
+            pool_ready_.erase(std::remove(pool_ready_.begin(), pool_ready_.end(), key),
+                              pool_ready_.end());
+            if (++pool_failures_ >= 3 && pool_enabled_) {
+                pool_enabled_ = false;
+                print_error("warning: pooled sandboxes keep failing (" +
+                            job.report->value("error", std::string("no report")) +
+                            "); the pool is off");
+            }
+            jobs_.erase(it);
+            fill_pool();
             return;
         }
         if (!job.report || job.out.fd || job.err.fd) return;
@@ -690,7 +809,13 @@ class Server {
         session.client = client_id;
         session.open_settings = request;
         if (request.contains("tools")) session.tools = request.at("tools").get<std::vector<std::string>>();
-        session.answer_when_ready = request.value("id", json(nullptr));
+        if (request.contains("output_limit")) {
+            session.output_limit = parse_size(request.at("output_limit").is_string()
+                                                  ? request.at("output_limit").get<std::string>()
+                                                  : std::to_string(request.at("output_limit").get<uint64_t>()),
+                                              "output_limit", true);
+        }
+        session.answer_when_ready.push_back(request.value("id", json(nullptr)));
         start_session_sandbox(session);
     }
 
@@ -714,6 +839,7 @@ class Server {
         session.job = job.key;
         session.state = Session::State::kStarting;
         session.line.clear();
+        session.scanned = 0;
         session.log.clear();
         launch(job);
     }
@@ -723,9 +849,10 @@ class Server {
         if (session == nullptr) return;
         session->line.append(chunk);
         size_t newline;
-        while ((newline = session->line.find('\n')) != std::string::npos) {
+        while ((newline = session->line.find('\n', session->scanned)) != std::string::npos) {
             std::string line = session->line.substr(0, newline);
             session->line.erase(0, newline + 1);
+            session->scanned = 0;
             json message;
             try {
                 message = json::parse(line);
@@ -736,6 +863,7 @@ class Server {
             session = session_of(job);
             if (session == nullptr) return;
         }
+        session->scanned = session->line.size();
         if (session->line.size() > kMaxRequestBytes) {
             kill_session_sandbox(*session, "the session driver sent an oversized message");
         }
@@ -748,10 +876,10 @@ class Server {
             if (!session.tools.empty()) {
                 session.queue.push_front({{"op", "tools"}, {"names", session.tools}, {"internal", true}});
             }
-            if (session.answer_when_ready) {
-                respond(session.client, {{"id", *session.answer_when_ready}, {"ok", true}, {"session", session.id}});
-                session.answer_when_ready.reset();
+            for (const auto& id : session.answer_when_ready) {
+                respond(session.client, {{"id", id}, {"ok", true}, {"session", session.id}});
             }
+            session.answer_when_ready.clear();
             pump(session);
         } else if (event == "tool_call") {
             if (session.state != Session::State::kBusy || session.current_internal) return;
@@ -787,7 +915,7 @@ class Server {
         try {
             if (op == "exec") {
                 to_driver["code"] = request.at("code").get<std::string>();
-                uint64_t limit = kDefaultExecOutputLimit;
+                uint64_t limit = session.output_limit;
                 if (request.contains("output_limit")) limit = request.at("output_limit").get<uint64_t>();
                 to_driver["output_limit"] = limit;
                 if (request.contains("timeout")) {
@@ -894,11 +1022,11 @@ class Server {
         const bool interrupted = session.interrupted;
         session.state = Session::State::kDead;
         session.deadline.reset();
-        if (session.answer_when_ready) {
-            respond(session.client, {{"id", *session.answer_when_ready}, {"ok", false},
+        for (const auto& id : session.answer_when_ready) {
+            respond(session.client, {{"id", id}, {"ok", false},
                                      {"error", error_object("SessionError", "the session could not start: " + session.dead_reason)}});
-            session.answer_when_ready.reset();
         }
+        session.answer_when_ready.clear();
         if (!session.current.is_null() && !session.current_internal) {
             json answer = dead_answer(session, session.current.value("id", json(nullptr)));
             if (session.current.value("op", "") == "exec") answer["timed_out"] = interrupted;
@@ -923,31 +1051,44 @@ class Server {
         if (it->second.report || !it->second.started) jobs_.erase(it);
     }
 
-    void reset_session(Session& session, const json& id) {
+    // Answers every request the session still owes with `type` (SessionReset, SessionClosed).
+    void cancel_pending(Session& session, const std::string& type, const std::string& message) {
+        std::vector<json> ids;
+        if (!session.current.is_null() && !session.current_internal &&
+            session.state == Session::State::kBusy) {
+            ids.push_back(session.current.value("id", json(nullptr)));
+        }
         for (const auto& request : session.queue) {
-            if (!request.value("internal", false)) {
-                respond(session.client, {{"id", request.value("id", json(nullptr))}, {"ok", false},
-                                         {"error", error_object("SessionReset", "the session was reset")}});
-            }
+            if (!request.value("internal", false)) ids.push_back(request.value("id", json(nullptr)));
+        }
+        for (const auto& id : session.answer_when_ready) ids.push_back(id);
+        for (const auto& id : ids) {
+            respond(session.client, {{"id", id}, {"ok", false}, {"error", error_object(type, message)}});
         }
         session.queue.clear();
-        if (!session.current.is_null() && !session.current_internal && session.state == Session::State::kBusy) {
-            respond(session.client, {{"id", session.current.value("id", json(nullptr))}, {"ok", false},
-                                     {"error", error_object("SessionReset", "the session was reset")}});
-        }
+        session.answer_when_ready.clear();
+        session.current = nullptr;
+    }
+
+    void reset_session(Session& session, const json& id) {
+        std::vector<json> opening = std::move(session.answer_when_ready);
+        session.answer_when_ready.clear();
+        cancel_pending(session, "SessionReset", "the session was reset");
+        session.answer_when_ready = std::move(opening);
         retire_session_job(session);
         session.current = nullptr;
         session.current_internal = false;
         session.deadline.reset();
         session.interrupted = false;
         session.dead_reason.clear();
-        session.answer_when_ready = id;
+        session.answer_when_ready.push_back(id);
         start_session_sandbox(session);
     }
 
     void destroy_session(const std::string& id) {
         auto it = sessions_.find(id);
         if (it == sessions_.end()) return;
+        cancel_pending(it->second, "SessionClosed", "the session was closed");
         retire_session_job(it->second);
         sessions_.erase(it);
     }
@@ -969,8 +1110,10 @@ class Server {
     }
 
     const ServeOptions& options_;
+    std::string read_buffer_ = std::string(kReadChunk, '\0');
     unsigned max_parallel_ = 1;
     ImageSource image_;
+    UniqueFd parent_;
     UniqueFd control_;
     ChildProcess supervisor_;
     UniqueFd listener_;
@@ -979,6 +1122,9 @@ class Server {
     std::map<uint64_t, Job> jobs_;
     std::map<std::string, Session> sessions_;
     std::deque<uint64_t> waiting_runs_;
+    std::deque<uint64_t> pool_ready_;
+    bool pool_enabled_ = true;
+    unsigned pool_failures_ = 0;
     unsigned running_runs_ = 0;
     uint64_t next_key_ = 1;
     uint64_t next_session_ = 1;
@@ -992,10 +1138,6 @@ class Server {
 
 int run_server(const ServeOptions& options) {
     try {
-        // The server lives as long as whoever started it (a Python client, a harness).
-        const pid_t parent = ::getppid();
-        if (::prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) throw system_error("prctl(PR_SET_PDEATHSIG)");
-        if (::getppid() != parent) return 0;
         struct sigaction ignore {};
         ignore.sa_handler = SIG_IGN;
         (void)::sigaction(SIGPIPE, &ignore, nullptr);

@@ -39,6 +39,7 @@ struct RunningSandbox {
     ChildProcess init;
     UniqueFd report;    // init's StageReport
     UniqueFd lifeline;  // init dies when this closes
+    UniqueFd channel;   // a pooled sandbox's: its request arrives here
     std::optional<Clock::time_point> deadline;
     double timeout_seconds = 0;
     bool timed_out = false;
@@ -158,6 +159,10 @@ class WarmSupervisor {
             if (it != sandboxes_.end()) it->second.init.send(body.at("signal").get<int>());
             return;
         }
+        if (message.tag == 'g') {
+            go(key, body, message.fds);
+            return;
+        }
         if (message.tag != 's') throw Error("unexpected message from the server");
         try {
             start(key, message.fds);
@@ -170,15 +175,43 @@ class WarmSupervisor {
         }
     }
 
+    // A pooled sandbox's request: handed to its init, whose clock starts now.
+    void go(uint64_t key, const json& body, const std::vector<UniqueFd>& fds) {
+        auto it = sandboxes_.find(key);
+        if (it == sandboxes_.end() || !it->second.channel) return;
+        RunningSandbox& sandbox = it->second;
+        std::vector<int> stdio;
+        for (const auto& fd : fds) stdio.push_back(fd.get());
+        try {
+            send_fd_message(sandbox.channel.get(), 'g', body.dump(), stdio,
+                            "cannot hand the request to the sandbox");
+        } catch (const Error&) {
+            // init is gone; its report follows
+        }
+        sandbox.channel.reset();
+        sandbox.started = Clock::now();
+        if (!body.at("timeout").is_null()) {
+            sandbox.deadline = sandbox.started + std::chrono::duration_cast<Clock::duration>(
+                                                     std::chrono::duration<double>(
+                                                         body.at("timeout").get<double>()));
+        }
+    }
+
     void start(uint64_t key, std::vector<UniqueFd>& fds) {
-        if (fds.size() < 4) throw Error("a sandbox needs its request, stdin, stdout and stderr");
+        if (fds.empty()) throw Error("a sandbox needs its request");
         const json request = json::parse(read_all(fds[0].get(), "the request"));
         fds[0].reset();
+        const bool pooled = request.value("pooled", false);
+        const size_t first_cgroup_fd = pooled ? 1 : 4;
+        if (fds.size() < first_cgroup_fd) throw Error("a sandbox needs stdin, stdout and stderr");
         SandboxConfig config = config_from_json(request.at("config"));
         SandboxPlan plan = context_.plan_template;
         plan.config = &config;
         plan.rlimits = limits_from_json(request.at("rlimits"));
-        for (size_t i = 0; i < 3; ++i) plan.stdio_fds.at(i) = fds[i + 1].get();
+        plan.pooled = pooled;
+        if (!pooled) {
+            for (size_t i = 0; i < 3; ++i) plan.stdio_fds.at(i) = fds[i + 1].get();
+        }
 
         int channel_pair[2];
         if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, channel_pair) != 0) {
@@ -201,18 +234,19 @@ class WarmSupervisor {
         sandbox.init = ChildProcess(pid);
         sandbox.report = std::move(report.read_end);
         sandbox.lifeline = std::move(lifeline.write_end);
-        if (config.timeout_seconds) {
+        if (config.timeout_seconds && !pooled) {
             sandbox.deadline = sandbox.started + std::chrono::duration_cast<Clock::duration>(
                                                      std::chrono::duration<double>(
                                                          *config.timeout_seconds));
         }
         std::vector<int> join_fds;
-        for (size_t i = 4; i < fds.size(); ++i) join_fds.push_back(fds[i].get());
+        for (size_t i = first_cgroup_fd; i < fds.size(); ++i) join_fds.push_back(fds[i].get());
         try {
             send_fd_message(channel.get(), 'c', "", join_fds, "cannot hand the cgroup over");
         } catch (const Error&) {
             // init is already gone; its report says why
         }
+        if (pooled) sandbox.channel = std::move(channel);
         sandboxes_.emplace(key, std::move(sandbox));
     }
 

@@ -4,7 +4,10 @@
 // warm from one sandbox to the next, and a sandbox costs a clone and a few mounts.
 //
 // It talks to the server over a SOCK_SEQPACKET socket:
-//   server -> supervisor  's' start {key, config, rlimits} + fds [stdin, stdout, stderr, cgroup...]
+//   server -> supervisor  's' start {key} + fds [request memfd {config, rlimits, pooled},
+//                             stdin, stdout, stderr (not for a pooled sandbox), cgroup...]
+//                         'g' go {key, command, environment, workdir, cpu_seconds, timeout}
+//                             + fds [stdin, stdout, stderr]: a pooled sandbox's request
 //                         'k' signal {key, signal} (SIGKILL ends the sandbox)
 //   supervisor -> server  'w' ready (the image is mounted) or 'e' {error} at start-up
 //                         'r' {key, report...} when a sandbox has ended

@@ -1,4 +1,5 @@
 """The Python client against the real sqbox binary and the real Python image."""
+import ast
 import asyncio
 import hashlib
 import json
@@ -150,9 +151,23 @@ def test_sandbox_run_timeout(sandbox):
     assert time.monotonic() - started < 10
 
 
+def test_max_parallel_and_pool_reach_the_server(sqbox_bin, python_image):
+    with sqbox.Sandbox(python_image, binary=sqbox_bin, max_parallel=1, pool=1) as box:
+        assert {"--max-parallel", "--pool"} <= set(proctools.cmdline(box.pid).split())
+        started = time.monotonic()
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            results = list(pool.map(lambda i: box.run(["sleep", "0.3"]), range(4)))
+        assert all(r.exit_code == 0 for r in results)
+        assert time.monotonic() - started >= 1.2  # one sandbox at a time
+
+
 def test_sandbox_run_bad_mount_raises(sandbox, tmp_path):
-    with pytest.raises(sqbox.SqboxError):
+    with pytest.raises(sqbox.SqboxError, match="does-not-exist"):
         sandbox.run(["true"], mounts=[(str(tmp_path / "does-not-exist"), "/m")])
+    # Refused while the sandbox is set up (status 125), not when the request is read.
+    with pytest.raises(sqbox.SqboxError, match="symlink") as caught:
+        sandbox.run(["true"], mounts=[(str(tmp_path), "/bin/x")])
+    assert "symlink" in caught.value.stderr
     assert sandbox.run(["true"]).exit_code == 0  # the server is still fine
 
 
@@ -250,7 +265,7 @@ def test_tools_round_trip(sandbox):
         sess.register_tool(not_json)
         sess.register_tool(lambda: "renamed", name="other")
         result = sess.execute("r = tools.add(2, 3, scale=10)\nr").raise_for_error()
-        assert result.value == "{'sum': 50, 'items': [2, 3]}"
+        assert ast.literal_eval(result.value) == {"sum": 50, "items": [2, 3]}
         # A host exception arrives as sqbox_tools.ToolError carrying type and message.
         caught = sess.execute(textwrap.dedent("""\
             from sqbox_tools import ToolError
@@ -303,6 +318,52 @@ def test_reset_gives_a_clean_namespace_and_keeps_tools(sandbox):
         assert sess.execute("tools.ping()").value == "'pong'"
 
 
+def test_session_options(sandbox, tmp_path):
+    (tmp_path / "f").write_text("mounted")
+    with sandbox.session(env={"GREETING": "hello"}, mounts=[(str(tmp_path), "/m", "ro")],
+                         output_limit=100, memory="1G") as sess:
+        assert sess.execute("import os\nos.environ['GREETING']").value == "'hello'"
+        assert sess.execute("open('/m/f').read()").value == "'mounted'"
+        long = sess.execute("print('x' * 1000)")
+        assert long.stdout_truncated and long.stdout == "x" * 100
+
+
+def test_sandbox_defaults_apply_and_can_be_overridden(sqbox_bin, python_image):
+    with sqbox.Sandbox(python_image, binary=sqbox_bin, timeout=0.5, env={"A": "1"}) as box:
+        assert box.run(["sleep", "30"]).timed_out
+        assert not box.run(["sleep", "1"], timeout=10).timed_out
+        assert box.run("echo $A$B", env={"B": "2"}).stdout == "12\n"
+        with box.session() as sess:
+            assert sess.execute("while True: pass").timed_out
+
+
+def test_reset_fails_a_running_execute_then_works(sandbox):
+    with sandbox.session() as sess:
+        outcome = []
+        worker = threading.Thread(target=lambda: outcome.append(
+            _capture(sess.execute, "import time\ntime.sleep(30)")))
+        worker.start()
+        time.sleep(0.5)
+        sess.reset()
+        worker.join(timeout=5)
+        assert not worker.is_alive(), "execute still waiting after a reset"
+        assert isinstance(outcome[0], sqbox.SqboxError)
+        assert sess.execute("1 + 1").value == "2"
+
+
+def test_closing_a_session_fails_its_running_execute(sandbox):
+    sess = sandbox.session()
+    outcome = []
+    worker = threading.Thread(target=lambda: outcome.append(
+        _capture(sess.execute, "import time\ntime.sleep(30)")))
+    worker.start()
+    time.sleep(0.5)
+    sess.close()
+    worker.join(timeout=5)
+    assert not worker.is_alive(), "execute still waiting after its session was closed"
+    assert isinstance(outcome[0], sqbox.SqboxError)
+
+
 def test_closed_session_refuses_work(sandbox):
     sess = sandbox.session()
     sess.close()
@@ -349,13 +410,18 @@ def test_async_sandbox(sqbox_bin, python_image):
             await asyncio.sleep(0)
             return 3 * v
 
+        async def refuse(reason):
+            raise PermissionError(reason)
+
         async with sqbox.AsyncSandbox(python_image, binary=sqbox_bin) as box:
             result = await box.run(["python3", "-c", "print(6 * 7)"])
             assert (result.exit_code, result.stdout) == (0, "42\n")
-            async with await box.session(tools=[triple]) as sess:
+            async with await box.session(tools=[triple, refuse]) as sess:
                 await sess.register_tool(lambda a, b=0: a - b, name="sub")
                 assert (await sess.execute("x = tools.triple(5)\nx")).value == "15"
                 assert (await sess.execute("tools.sub(9, b=2)")).value == "7"
+                refused = (await sess.execute("tools.refuse('no')")).error
+                assert (refused.type, refused.message) == ("ToolError", "PermissionError: no")
                 assert (await sess.execute("x")).value == "15"
                 error = (await sess.execute("raise KeyError('k')")).error
                 assert error.type == "KeyError"
@@ -368,8 +434,18 @@ def test_async_sandbox(sqbox_bin, python_image):
             with pytest.raises(sqbox.SessionDead):
                 async with await box.session() as dead:
                     await dead.execute("import os; os._exit(1)")
+            busy = await box.session()
+            running = asyncio.ensure_future(busy.execute("while True: pass"))
+            await asyncio.sleep(0.3)
+            processes = proctools.descendants(box.pid)
+        # aclose() with an exec in progress: the call fails and nothing is left running.
+        with pytest.raises(sqbox.SqboxError):
+            await running
+        return processes
 
-    asyncio.run(scenario())
+    processes = asyncio.run(scenario())
+    assert len(processes) >= 4, {p: proctools.cmdline(p) for p in processes}
+    assert proctools.wait_all_gone(processes, timeout=5) == []
 
 
 def test_async_200_concurrent(sqbox_bin, python_image):
@@ -463,7 +539,10 @@ import sqbox
 box = sqbox.Sandbox({image!r}, binary={binary!r})
 sess = box.session()
 sess.execute("import subprocess; subprocess.Popen(['sleep', '1000'])")
+busy = box.session()
+# Killed mid-request: a run and an exec (neither with a timeout) are in progress.
 threading.Thread(target=box.run, args=(["sleep", "1000"],), daemon=True).start()
+threading.Thread(target=busy.execute, args=("while True: pass",), daemon=True).start()
 time.sleep(0.5)
 print(json.dumps({{"server": box.pid}}), flush=True)
 time.sleep(1000)
@@ -481,7 +560,7 @@ def test_kill_9_of_the_client_leaves_nothing(sqbox_bin, python_image):
         server = json.loads(line)["server"]
         processes = proctools.descendants(client.pid)
         assert server in processes
-        assert len(processes) >= 6, {p: proctools.cmdline(p) for p in processes}
+        assert len(processes) >= 8, {p: proctools.cmdline(p) for p in processes}
         client.kill()
         client.wait()
         gone_by = time.monotonic()
