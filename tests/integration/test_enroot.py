@@ -36,7 +36,12 @@ class Enroot:
 
 @pytest.fixture
 def enroot(sqbox_bin, tmp_path):
-    return Enroot(sqbox_bin, tmp_path)
+    runner = Enroot(sqbox_bin, tmp_path)
+    yield runner
+    # overlayfs leaves its work directories at mode 000: make the store removable for pytest.
+    for directory, subdirs, _ in os.walk(runner.data):
+        for name in subdirs:
+            os.chmod(os.path.join(directory, name), 0o700)
 
 
 REMOVE = object()
