@@ -22,6 +22,7 @@
 #include "runtime/signals.h"
 #include "runtime/stage_report.h"
 #include "runtime/terminal.h"
+#include "runtime/user_namespace.h"
 #include "util/errors.h"
 #include "util/fd_passing.h"
 #include "util/files.h"
@@ -182,11 +183,23 @@ void await_request(int channel, SandboxConfig& config, SandboxPlan& plan) {
     }
 }
 
+// The new user namespace needs its id maps before anything else. A process may write its own
+// maps only while it is dumpable (the files are root's otherwise); init is not, so it is for the
+// moment of writing. Only the caller's own processes could act in that window, and nothing of the
+// sandbox exists yet.
+void enter_own_user_namespace(const std::pair<uid_t, gid_t>& ids) {
+    if (::prctl(PR_SET_DUMPABLE, 1) != 0) throw system_error("prctl(PR_SET_DUMPABLE)");
+    write_own_id_maps({ids.first, ids.second, ids.first, ids.second},
+                      std::string(kOldRootDir) + "/proc");
+    if (::prctl(PR_SET_DUMPABLE, 0) != 0) throw system_error("prctl(PR_SET_DUMPABLE)");
+}
+
 void run_init(const InitContext& context) {
     const SandboxPlan& plan = *context.plan;
     const SandboxConfig& config = *plan.config;
     try {
         die_with_supervisor(context.lifeline_fd);
+        if (plan.own_user_namespace) enter_own_user_namespace(*plan.own_user_namespace);
         adopt_request_stdio(context);
         if (!config.export_image_path.empty()) export_root(context, config);
         prepare_sandbox(config);

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <array>
+#include <optional>
+#include <utility>
 
 #include <optional>
 #include <string>
@@ -27,6 +29,10 @@ struct SandboxPlan {
     // A sandbox set up ahead of its request (sqbox serve --pool): once its root is ready, init
     // waits on channel_fd for the command, environment additions and stdio ('g'), then starts it.
     bool pooled = false;
+    // sqbox serve: init is in a user namespace of its own below the server's, so per-user counts
+    // (RLIMIT_NPROC) are per sandbox and one sandbox's fork bomb cannot starve the others. Init
+    // maps these ids to themselves (they are the server's view of the caller).
+    std::optional<std::pair<uid_t, gid_t>> own_user_namespace;
     // Init's end of a SOCK_SEQPACKET channel to the launcher: init first receives the files that
     // move it into the sandbox's cgroup ('c', or 'e' with an error), then with --tty sends the
     // terminal's master ('t').

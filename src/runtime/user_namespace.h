@@ -1,6 +1,8 @@
 // Identity inside the sandbox's user namespace.
 #pragma once
 
+#include <string>
+
 #include <sys/types.h>
 
 namespace sqbox {
@@ -15,6 +17,8 @@ struct IdMapping {
 // Maps the single outside uid/gid to the inside ones for the calling process, which must have just
 // entered a new user namespace. Unprivileged callers may map only themselves, so this is the whole
 // map; setgroups is denied first, as the kernel requires for an unprivileged gid_map.
-void write_own_id_maps(const IdMapping& mapping);
+// `proc` is where a procfs that shows the caller is mounted ("/proc", or "/oldroot/proc" from a
+// scratch root).
+void write_own_id_maps(const IdMapping& mapping, const std::string& proc = "/proc");
 
 }  // namespace sqbox

@@ -61,7 +61,8 @@ json report_to_json(uint64_t key, const StageReport& report) {
 
 class WarmSupervisor {
   public:
-    explicit WarmSupervisor(const WarmSupervisorContext& context) : context_(context) {}
+    WarmSupervisor(const WarmSupervisorContext& context, const IdMapping& ids)
+        : context_(context), ids_(ids) {}
 
     [[noreturn]] void serve(ChildProcess server) {
         fuse_server_ = std::move(server);
@@ -209,6 +210,7 @@ class WarmSupervisor {
         plan.config = &config;
         plan.rlimits = limits_from_json(request.at("rlimits"));
         plan.pooled = pooled;
+        plan.own_user_namespace = std::make_pair(ids_.inside_uid, ids_.inside_gid);
         if (!pooled) {
             for (size_t i = 0; i < 3; ++i) plan.stdio_fds.at(i) = fds[i + 1].get();
         }
@@ -225,7 +227,7 @@ class WarmSupervisor {
 
         RunningSandbox sandbox;
         sandbox.started = Clock::now();
-        pid_t pid = clone_process(kSandboxNamespaces, "sandbox namespaces");
+        pid_t pid = clone_process(kSandboxNamespaces | CLONE_NEWUSER, "sandbox namespaces");
         if (pid == 0) {
             report.read_end.reset();
             lifeline.write_end.reset();
@@ -251,6 +253,7 @@ class WarmSupervisor {
     }
 
     WarmSupervisorContext context_;
+    IdMapping ids_;
     ChildProcess fuse_server_;
     std::map<uint64_t, RunningSandbox> sandboxes_;
 };
@@ -303,7 +306,7 @@ void run_warm_supervisor(const WarmSupervisorContext& context) {
         if (::prctl(PR_SET_DUMPABLE, 0) != 0) throw system_error("prctl(PR_SET_DUMPABLE)");
         ChildProcess server = mount_image_and_serve(context, ids);
         send_fd_message(context.control_fd, 'w', "", {}, "cannot tell the server we are ready");
-        WarmSupervisor(context).serve(std::move(server));
+        WarmSupervisor(context, ids).serve(std::move(server));
     } catch (const Error& e) {
         try {
             send_fd_message(context.control_fd, 'e', json{{"error", e.what()}}.dump(), {},
