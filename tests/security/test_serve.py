@@ -1,0 +1,233 @@
+"""Escape and interference attempts through `sqbox serve`: sandboxes and sessions of one server
+share a supervisor and a FUSE server, but not a root, processes, limits or the server itself.
+
+Requests go through the raw protocol (src/session/PROTOCOL.md), so these tests depend on nothing
+but the binary.
+"""
+import json
+import os
+import stat
+import subprocess
+import threading
+import time
+
+import pytest
+
+
+class Server:
+    """A `sqbox serve` child; responses are collected by id on a reader thread."""
+
+    def __init__(self, binary, image, *options, marker="", cwd=None):
+        self.proc = subprocess.Popen([binary, "serve", *options, image], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     bufsize=1, cwd=cwd)
+        self.responses = {}
+        self.events = []
+        self.cond = threading.Condition()
+        self.marker = marker
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            message = json.loads(line)
+            with self.cond:
+                if "event" in message:
+                    self.events.append(message)
+                else:
+                    self.responses[message.get("id")] = message
+                self.cond.notify_all()
+
+    def send(self, request):
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+
+    def wait(self, request_id, timeout=60):
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while request_id not in self.responses:
+                left = deadline - time.monotonic()
+                assert left > 0, f"no answer to {request_id}"
+                self.cond.wait(left)
+            return self.responses.pop(request_id)
+
+    def call(self, request, timeout=60):
+        self.send(request)
+        return self.wait(request["id"], timeout)
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def server(box):
+    servers = []
+
+    def start(*options, image=None):
+        instance = Server(box.binary, image or box.python_image, *options)
+        servers.append(instance)
+        return instance
+
+    yield start
+    for instance in servers:
+        instance.close()
+
+
+def open_session(srv, name):
+    answer = srv.call({"id": f"open-{name}", "op": "session_open"})
+    assert answer["ok"], answer
+    return answer["session"]
+
+
+def execute(srv, session, code, request_id, timeout=None):
+    request = {"id": request_id, "op": "exec", "session": session, "code": code}
+    if timeout:
+        request["timeout"] = timeout
+    return srv.call(request)
+
+
+def test_sessions_do_not_share_files_or_processes(server, marker):
+    srv = server()
+    a = open_session(srv, "a")
+    b = open_session(srv, "b")
+    planted = execute(srv, a, f"open('/tmp/{marker}', 'w').write('a');"
+                              f"open('/etc/{marker}', 'w').write('a');"
+                              "import subprocess; p = subprocess.Popen(['sleep', '30']); p.pid", "a1")
+    assert planted["error"] is None, planted
+    seen = execute(srv, b, f"import os; [os.path.exists('/tmp/{marker}'), "
+                           f"os.path.exists('/etc/{marker}'), "
+                           "sorted(int(p) for p in os.listdir('/proc') if p.isdigit())]", "b1")
+    assert seen["error"] is None, seen
+    tmp_seen, etc_seen, pids = eval(seen["value"])  # a repr of plain Python values
+    assert not tmp_seen and not etc_seen
+    # b sees its own init and interpreter, never a's sleep.
+    assert pids == [1, 2], pids
+
+
+def test_session_driver_is_read_only_and_stays_mounted(server):
+    srv = server()
+    s = open_session(srv, "s")
+    attempt = execute(srv, s, """
+import ctypes, errno, os
+results = {}
+try:
+    open('/run/sqbox/driver.py', 'a').write('pwned')
+    results['write'] = 'ok'
+except OSError as e:
+    results['write'] = errno.errorcode[e.errno]
+libc = ctypes.CDLL(None, use_errno=True)
+results['umount'] = 'ok' if libc.umount2(b'/run/sqbox/driver.py', 2) == 0 else errno.errorcode[ctypes.get_errno()]
+results
+""", "attempt")
+    assert attempt["error"] is None, attempt
+    results = eval(attempt["value"])
+    assert results["write"] == "EROFS"
+    assert results["umount"] == "EPERM"
+    # The interpreter still works after the attempts.
+    assert execute(srv, s, "6 * 7", "after")["value"] == "42"
+
+
+def test_a_fork_bomb_does_not_starve_other_sandboxes(server):
+    """Each sandbox of the server counts its processes on its own (its own user namespace, or
+    its own cgroup as root): a bomb at its limit leaves the others able to fork."""
+    srv = server("--pids", "64")
+    srv.send({"id": "bomb", "op": "run", "timeout": 6,
+              "command": ["sh", "-c", "bomb() { bomb | bomb & }; bomb; sleep 5"]})
+    time.sleep(1.5)
+    other = srv.call({"id": "other", "op": "run", "command": [
+        "sh", "-c", "n=0; for i in $(seq 20); do sh -c true && n=$((n+1)); done; echo $n"]},
+        timeout=30)
+    assert other["exit_code"] == 0, other
+    assert other["stdout"] == "20\n"
+    bomb = srv.wait("bomb", timeout=30)
+    assert bomb["exit_code"] in (0, 124), bomb
+
+
+def test_a_crashing_and_a_hanging_session_leave_the_server_and_others_alone(server):
+    srv = server()
+    victim = open_session(srv, "victim")
+    crasher = open_session(srv, "crasher")
+    hanger = open_session(srv, "hanger")
+    assert execute(srv, victim, "state = 'kept'", "v1")["error"] is None
+    crashed = execute(srv, crasher, "import ctypes; ctypes.string_at(0)", "c1")
+    assert crashed["ok"] is False and crashed["session_dead"] is True
+    hung = execute(srv, hanger, "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                                "while True: pass", "h1", timeout=1)
+    assert hung["ok"] is False and hung["session_dead"] is True and hung["timed_out"] is True
+    assert execute(srv, victim, "state", "v2")["value"] == "'kept'"
+    assert srv.call({"id": "ping", "op": "ping"})["ok"] is True
+
+
+def test_forged_protocol_messages_reach_only_the_sessions_own_client(server):
+    """The driver shares its process with the session's code, so that code can write the
+    driver's protocol itself. It gains nothing: a forged tool call is forwarded to the session's
+    own client (which runs only tools it registered), and a forged result answers only the
+    session's own request."""
+    srv = server()
+    s = open_session(srv, "s")
+    forged = execute(srv, s, """
+import json, os
+fds = [fd for fd in range(3, 64) if os.path.exists(f'/proc/self/fd/{fd}')
+       and 'pipe' in os.readlink(f'/proc/self/fd/{fd}')]
+for fd in fds:
+    try:
+        os.write(fd, (json.dumps({"event": "tool_call", "call_id": "x1", "name": "rm_rf_home",
+                                  "args": [], "kwargs": {}}) + "\\n").encode())
+    except OSError:
+        pass
+'forged'
+""", "forge", timeout=10)
+    # The forged call went to this client only, tagged with this session and request.
+    with srv.cond:
+        calls = [e for e in srv.events if e.get("name") == "rm_rf_home"]
+    assert all(call["session"] == s and call["id"] == "forge" for call in calls)
+    # The server and the session still answer normally (the exec itself may have been answered
+    # by its own forgery or by the driver; either way it is this session's own business).
+    assert srv.call({"id": "ping", "op": "ping"})["ok"] is True
+    assert forged["id"] == "forge"
+
+
+def test_socket_is_private_to_its_owner(server, tmp_path):
+    path = tmp_path / "serve.sock"
+    srv = server("--socket", str(path))
+    deadline = time.monotonic() + 30
+    while not path.exists():
+        assert time.monotonic() < deadline, "socket never appeared"
+        time.sleep(0.05)
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    assert mode == 0o600, oct(mode)
+    assert srv.call({"id": 1, "op": "ping"})["ok"]
+    srv.call({"id": 2, "op": "shutdown"})
+    srv.proc.wait(timeout=30)
+    assert not path.exists()
+
+
+def test_killing_the_server_leaves_no_sandbox_behind(server, marker):
+    srv = server()
+    s = open_session(srv, "s")
+    srv.send({"id": "long", "op": "run", "command": ["sleep", "300", marker]})
+    execute(srv, s, f"import subprocess; subprocess.Popen(['sleep', '300', '{marker}']); 1", "bg")
+    time.sleep(0.5)
+    srv.proc.kill()
+    srv.proc.wait()
+    deadline = time.monotonic() + 10
+    while True:
+        leftovers = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if marker.encode() in f.read():
+                        leftovers.append(int(entry))
+            except OSError:
+                pass
+        if not leftovers:
+            break
+        assert time.monotonic() < deadline, f"processes left: {leftovers}"
+        time.sleep(0.1)
