@@ -19,14 +19,17 @@ CLI::App* add_serve_subcommand(CLI::App& app, ServeArguments& args) {
         "stdin/stdout, see src/session/PROTOCOL.md)");
     serve->add_option("IMAGE", args.image, "squashfs image (.sqsh) or root filesystem directory")
         ->required();
-    serve->add_option("--socket", args.socket, "also accept clients on this Unix socket (mode 0600)")
+    serve
+        ->add_option("--socket", args.socket, "also accept clients on this Unix socket (mode 0600)")
         ->type_name("PATH");
-    serve->add_option("--max-parallel", args.max_parallel,
-                      "sandboxes of run requests at once (default: twice the CPU count)")
+    serve
+        ->add_option("--max-parallel", args.max_parallel,
+                     "sandboxes of run requests at once (default: twice the CPU count)")
         ->type_name("N");
-    serve->add_option("--pool", args.pool,
-                      "keep N sandboxes set up ahead for run requests without mounts or own "
-                      "memory/pids limits (each used once)")
+    serve
+        ->add_option("--pool", args.pool,
+                     "keep N sandboxes set up ahead for run requests without mounts or own "
+                     "memory/pids limits (each used once)")
         ->type_name("N");
     serve->add_option("-e,--env", args.env, "set KEY=VAL in every sandbox")->type_name("KEY=VAL");
     serve->add_flag("--root", args.map_root, "appear as root (uid 0) inside every sandbox");

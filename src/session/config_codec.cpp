@@ -129,8 +129,7 @@ SandboxConfig config_from_json(const json& value) {
     config.tty = value.at("tty").get<bool>();
     config.outside_uid = value.at("outside_uid").get<uid_t>();
     config.outside_gid = value.at("outside_gid").get<gid_t>();
-    config.entrypoint =
-        static_cast<SandboxConfig::Entrypoint>(value.at("entrypoint").get<int>());
+    config.entrypoint = static_cast<SandboxConfig::Entrypoint>(value.at("entrypoint").get<int>());
     config.rc_script = optional_from_json<std::string>(value.at("rc_script"));
     config.login_shell = value.at("login_shell").get<bool>();
     config.export_image_path = value.at("export_image_path").get<std::string>();

@@ -71,7 +71,9 @@ std::string base64_encode(std::string_view data) {
     }
     if (i < data.size()) {
         uint32_t n = static_cast<uint32_t>(static_cast<unsigned char>(data[i])) << 16;
-        if (i + 1 < data.size()) n |= static_cast<uint32_t>(static_cast<unsigned char>(data[i + 1])) << 8;
+        if (i + 1 < data.size()) {
+            n |= static_cast<uint32_t>(static_cast<unsigned char>(data[i + 1])) << 8;
+        }
         out += kBase64Alphabet[(n >> 18) & 63];
         out += kBase64Alphabet[(n >> 12) & 63];
         out += i + 1 < data.size() ? kBase64Alphabet[(n >> 6) & 63] : '=';
@@ -149,7 +151,8 @@ RequestSettings settings_from_request(const json& request, const SandboxConfig& 
             }
         }
         if (request.contains("workdir")) {
-            config.workdir = absolute_sandbox_path(request.at("workdir").get<std::string>(), "workdir");
+            config.workdir =
+                absolute_sandbox_path(request.at("workdir").get<std::string>(), "workdir");
         }
         if (request.contains("timeout")) {
             config.timeout_seconds = seconds(request.at("timeout"), "timeout");
@@ -163,7 +166,8 @@ RequestSettings settings_from_request(const json& request, const SandboxConfig& 
                 parse_size(quantity_text(request.at("memory"), "memory"), "memory");
         }
         if (request.contains("pids")) {
-            config.limits.processes = parse_count(quantity_text(request.at("pids"), "pids"), "pids");
+            config.limits.processes =
+                parse_count(quantity_text(request.at("pids"), "pids"), "pids");
         }
         if (request.contains("output_limit")) {
             config.output_limit_bytes = parse_size(

@@ -7,15 +7,15 @@
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
-#include <algorithm>
 #include <deque>
 #include <functional>
 #include <map>
@@ -51,9 +51,9 @@ constexpr size_t kMaxRequestBytes = size_t{96} * 1024 * 1024;
 // What a `run` keeps of each output stream when the request sets no output_limit.
 constexpr uint64_t kDefaultRunOutputLimit = 16ULL * 1024 * 1024;
 constexpr uint64_t kDefaultExecOutputLimit = 1024ULL * 1024;
-constexpr size_t kSessionLogBytes = 64 * 1024;
+constexpr size_t kSessionLogBytes = size_t{64} * 1024;
 constexpr auto kInterruptGrace = std::chrono::seconds(2);
-constexpr size_t kReadChunk = 256 * 1024;
+constexpr size_t kReadChunk = size_t{256} * 1024;
 
 std::string dump_line(const json& message) {
     return message.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
@@ -136,10 +136,10 @@ struct Session {
     bool interrupted = false;
     std::vector<std::string> tools;
     uint64_t output_limit = kDefaultExecOutputLimit;  // each exec's default cap per stream
-    std::vector<json> answer_when_ready;             // ids of a session_open and resets
-    std::string line;                       // partial line from the driver
-    size_t scanned = 0;                     // bytes of `line` known to hold no newline
-    std::string log;                        // tail of the driver's stderr
+    std::vector<json> answer_when_ready;              // ids of a session_open and resets
+    std::string line;                                 // partial line from the driver
+    size_t scanned = 0;                               // bytes of `line` known to hold no newline
+    std::string log;                                  // tail of the driver's stderr
     std::string dead_reason;
 };
 
@@ -218,7 +218,9 @@ class Server {
     }
 
     void signal_job(const Job& job, int signal) {
-        if (job.started && !job.report) send_to_supervisor('k', {{"key", job.key}, {"signal", signal}}, {});
+        if (job.started && !job.report) {
+            send_to_supervisor('k', {{"key", job.key}, {"signal", signal}}, {});
+        }
     }
 
     // ---- the socket ----
@@ -234,7 +236,8 @@ class Server {
         if (!listener_) throw system_error("socket");
         // Created private: nobody else may start sandboxes in our name.
         const mode_t old_mask = ::umask(0177);
-        const int bound = ::bind(listener_.get(), reinterpret_cast<sockaddr*>(&address), sizeof address);
+        const int bound =
+            ::bind(listener_.get(), reinterpret_cast<sockaddr*>(&address), sizeof address);
         const int bind_errno = errno;
         ::umask(old_mask);
         if (bound != 0) throw system_error("--socket " + options_.socket_path, bind_errno);
@@ -273,7 +276,8 @@ class Server {
             for (auto& [id, client] : clients_) {
                 const int client_id = id;
                 if (!client.input_closed) {
-                    watch(client.in_fd, POLLIN, [this, client_id](short) { read_client(client_id); });
+                    watch(client.in_fd, POLLIN,
+                          [this, client_id](short) { read_client(client_id); });
                 }
                 if (!client.broken) {
                     // With nothing to write, events 0 still reports POLLERR: the reader is gone.
@@ -289,10 +293,17 @@ class Server {
             }
             for (auto& [key, job] : jobs_) {
                 const uint64_t job_key = key;
-                if (job.out.fd) watch(job.out.fd.get(), POLLIN, [this, job_key](short) { read_output(job_key, true); });
-                if (job.err.fd) watch(job.err.fd.get(), POLLIN, [this, job_key](short) { read_output(job_key, false); });
+                if (job.out.fd) {
+                    watch(job.out.fd.get(), POLLIN,
+                          [this, job_key](short) { read_output(job_key, true); });
+                }
+                if (job.err.fd) {
+                    watch(job.err.fd.get(), POLLIN,
+                          [this, job_key](short) { read_output(job_key, false); });
+                }
                 if (job.stdin_fd && !job.stdin_pending.empty()) {
-                    watch(job.stdin_fd.get(), POLLOUT, [this, job_key](short) { write_stdin(job_key); });
+                    watch(job.stdin_fd.get(), POLLOUT,
+                          [this, job_key](short) { write_stdin(job_key); });
                 }
             }
             if (::poll(fds.data(), fds.size(), next_timeout_ms()) < 0) {
@@ -314,8 +325,8 @@ class Server {
             if (job.session.empty() && !job.abandoned && !job.in_pool) return false;
         }
         for (const auto& [id, session] : sessions_) {
-            if (session.state == Session::State::kStarting || session.state == Session::State::kBusy ||
-                !session.queue.empty()) {
+            if (session.state == Session::State::kStarting ||
+                session.state == Session::State::kBusy || !session.queue.empty()) {
                 if (session.state != Session::State::kDead) return false;
             }
         }
@@ -411,7 +422,8 @@ class Server {
         for (auto it = clients_.begin(); it != clients_.end();) {
             Client& client = it->second;
             const bool stdio = client.socket.get() < 0;
-            const bool gone = client.broken || (client.input_closed && client.out.empty() && !stdio);
+            const bool gone =
+                client.broken || (client.input_closed && client.out.empty() && !stdio);
             if (!gone) {
                 ++it;
                 continue;
@@ -440,9 +452,10 @@ class Server {
         try {
             request = json::parse(line);
         } catch (const json::exception& e) {
-            respond(client_id, {{"id", nullptr},
-                                {"ok", false},
-                                {"error", error_object("BadRequest", std::string("not JSON: ") + e.what())}});
+            respond(client_id,
+                    {{"id", nullptr},
+                     {"ok", false},
+                     {"error", error_object("BadRequest", std::string("not JSON: ") + e.what())}});
             return;
         }
         json id = request.is_object() && request.contains("id") ? request["id"] : json(nullptr);
@@ -478,10 +491,14 @@ class Server {
                 throw Error("unknown op '" + op + "'");
             }
         } catch (const Error& e) {
-            respond(client_id, {{"id", id}, {"ok", false}, {"error", error_object("BadRequest", e.what())}});
+            respond(client_id,
+                    {{"id", id}, {"ok", false}, {"error", error_object("BadRequest", e.what())}});
         } catch (const json::exception& e) {
-            respond(client_id, {{"id", id}, {"ok", false},
-                                {"error", error_object("BadRequest", std::string("malformed request: ") + e.what())}});
+            respond(client_id,
+                    {{"id", id},
+                     {"ok", false},
+                     {"error",
+                      error_object("BadRequest", std::string("malformed request: ") + e.what())}});
         }
     }
 
@@ -508,8 +525,8 @@ class Server {
         RequestSettings settings = settings_from_request(request, options_.base, false);
         Job& job = new_job(client_id, std::move(settings));
         job.id = request.value("id", json(nullptr));
-        job.poolable = !request.contains("mounts") && !request.contains("memory") &&
-                       !request.contains("pids");
+        job.poolable =
+            !request.contains("mounts") && !request.contains("memory") && !request.contains("pids");
         const auto limit = job.settings.config.output_limit_bytes;
         job.out.limit = job.err.limit = limit ? *limit : kDefaultRunOutputLimit;
         waiting_runs_.push_back(job.key);
@@ -567,18 +584,20 @@ class Server {
             asked.environment.begin() +
                 static_cast<std::ptrdiff_t>(options_.base.environment.size()),
             asked.environment.end());
-        json go = {{"key", key},
-                   {"command", asked.command},
-                   {"environment", additions},
-                   {"workdir", asked.workdir},
-                   {"cpu_seconds", asked.limits.cpu_seconds ? json(*asked.limits.cpu_seconds) : json(nullptr)},
-                   {"timeout", asked.timeout_seconds ? json(*asked.timeout_seconds) : json(nullptr)}};
+        json go = {
+            {"key", key},
+            {"command", asked.command},
+            {"environment", additions},
+            {"workdir", asked.workdir},
+            {"cpu_seconds",
+             asked.limits.cpu_seconds ? json(*asked.limits.cpu_seconds) : json(nullptr)},
+            {"timeout", asked.timeout_seconds ? json(*asked.timeout_seconds) : json(nullptr)}};
         job.settings = std::move(request.settings);
         try {
             Pipes pipes = make_stdio_pipes();
-            send_to_supervisor('g', go,
-                               {pipes.in.read_end.get(), pipes.out.write_end.get(),
-                                pipes.err.write_end.get()});
+            send_to_supervisor(
+                'g', go,
+                {pipes.in.read_end.get(), pipes.out.write_end.get(), pipes.err.write_end.get()});
             job.stdin_fd = std::move(pipes.in.write_end);
             job.out.fd = std::move(pipes.out.read_end);
             job.err.fd = std::move(pipes.err.read_end);
@@ -613,10 +632,10 @@ class Server {
             }
             // The configuration can be large (code, environment): it travels in a memfd.
             UniqueFd request(::memfd_create("sqbox-request", MFD_CLOEXEC));
-            const std::string text = json{{"config", config_to_json(config)},
-                                          {"rlimits", limits_to_json(rlimits)},
-                                          {"pooled", job.pooled}}
-                                         .dump();
+            const std::string text = json{
+                {"config", config_to_json(config)},
+                {"rlimits", limits_to_json(rlimits)},
+                {"pooled", job.pooled}}.dump();
             if (!request || !write_all(request.get(), text.data(), text.size()) ||
                 ::lseek(request.get(), 0, SEEK_SET) != 0) {
                 throw system_error("cannot pass the request to the supervisor");
@@ -638,8 +657,11 @@ class Server {
             job.out.fd = std::move(pipes.out.read_end);
             job.err.fd = std::move(pipes.err.read_end);
             job.stdin_pending = job.settings.stdin_data;
-            if (job.stdin_pending.empty() && !job.keep_stdin_open) job.stdin_fd.reset();
-            else write_stdin(job.key);
+            if (job.stdin_pending.empty() && !job.keep_stdin_open) {
+                job.stdin_fd.reset();
+            } else {
+                write_stdin(job.key);
+            }
         } catch (const Error& e) {
             job.report = failure_report(e.what());
             maybe_finish(job.key);
@@ -647,9 +669,15 @@ class Server {
     }
 
     static json failure_report(const std::string& error) {
-        return {{"exit_status", kExitSqboxFailure}, {"payload_started", false},
-                {"payload_finished", false}, {"timed_out", false}, {"wait_status", 0},
-                {"wall_ns", 0}, {"cpu_ns", 0}, {"max_rss_kib", 0}, {"error", error}};
+        return {{"exit_status", kExitSqboxFailure},
+                {"payload_started", false},
+                {"payload_finished", false},
+                {"timed_out", false},
+                {"wait_status", 0},
+                {"wall_ns", 0},
+                {"cpu_ns", 0},
+                {"max_rss_kib", 0},
+                {"error", error}};
     }
 
     void write_stdin(uint64_t key) {
@@ -657,7 +685,8 @@ class Server {
         if (it == jobs_.end()) return;
         Job& job = it->second;
         while (job.stdin_fd && !job.stdin_pending.empty()) {
-            ssize_t n = ::write(job.stdin_fd.get(), job.stdin_pending.data(), job.stdin_pending.size());
+            ssize_t n =
+                ::write(job.stdin_fd.get(), job.stdin_pending.data(), job.stdin_pending.size());
             if (n > 0) {
                 job.stdin_pending.erase(0, static_cast<size_t>(n));
                 continue;
@@ -698,7 +727,8 @@ class Server {
             }
             return;
         }
-        const uint64_t room = capture.limit > capture.data.size() ? capture.limit - capture.data.size() : 0;
+        const uint64_t room =
+            capture.limit > capture.data.size() ? capture.limit - capture.data.size() : 0;
         if (chunk.size() > room) capture.truncated = true;
         capture.data.append(chunk.substr(0, std::min<uint64_t>(room, chunk.size())));
     }
@@ -758,8 +788,8 @@ class Server {
     json run_answer(Job& job) {
         const json& report = *job.report;
         const int wait_status = report.value("wait_status", 0);
-        const bool finished = report.value("payload_finished", false) &&
-                              report.value("payload_started", false);
+        const bool finished =
+            report.value("payload_finished", false) && report.value("payload_started", false);
         const bool timed_out = report.value("timed_out", false);
         json signal = nullptr;
         if (timed_out) {
@@ -808,19 +838,23 @@ class Server {
         session.id = id;
         session.client = client_id;
         session.open_settings = request;
-        if (request.contains("tools")) session.tools = request.at("tools").get<std::vector<std::string>>();
+        if (request.contains("tools")) {
+            session.tools = request.at("tools").get<std::vector<std::string>>();
+        }
         if (request.contains("output_limit")) {
-            session.output_limit = parse_size(request.at("output_limit").is_string()
-                                                  ? request.at("output_limit").get<std::string>()
-                                                  : std::to_string(request.at("output_limit").get<uint64_t>()),
-                                              "output_limit", true);
+            session.output_limit =
+                parse_size(request.at("output_limit").is_string()
+                               ? request.at("output_limit").get<std::string>()
+                               : std::to_string(request.at("output_limit").get<uint64_t>()),
+                           "output_limit", true);
         }
         session.answer_when_ready.push_back(request.value("id", json(nullptr)));
         start_session_sandbox(session);
     }
 
     void start_session_sandbox(Session& session) {
-        RequestSettings settings = settings_from_request(session.open_settings, options_.base, true);
+        RequestSettings settings =
+            settings_from_request(session.open_settings, options_.base, true);
         settings.config.command = {"python3", kDriverPathInSandbox};
         settings.config.timeout_seconds.reset();
         MountSpec driver;
@@ -874,7 +908,8 @@ class Server {
         if (event == "ready") {
             session.state = Session::State::kIdle;
             if (!session.tools.empty()) {
-                session.queue.push_front({{"op", "tools"}, {"names", session.tools}, {"internal", true}});
+                session.queue.push_front(
+                    {{"op", "tools"}, {"names", session.tools}, {"internal", true}});
             }
             for (const auto& id : session.answer_when_ready) {
                 respond(session.client, {{"id", id}, {"ok", true}, {"session", session.id}});
@@ -894,7 +929,9 @@ class Server {
                 answer.erase("event");
                 answer["id"] = session.current.value("id", json(nullptr));
                 if (!answer.contains("ok")) answer["ok"] = true;
-                if (session.current.value("op", "") == "exec") answer["timed_out"] = session.interrupted;
+                if (session.current.value("op", "") == "exec") {
+                    answer["timed_out"] = session.interrupted;
+                }
                 respond(session.client, answer);
             }
             session.state = Session::State::kIdle;
@@ -916,7 +953,9 @@ class Server {
             if (op == "exec") {
                 to_driver["code"] = request.at("code").get<std::string>();
                 uint64_t limit = session.output_limit;
-                if (request.contains("output_limit")) limit = request.at("output_limit").get<uint64_t>();
+                if (request.contains("output_limit")) {
+                    limit = request.at("output_limit").get<uint64_t>();
+                }
                 to_driver["output_limit"] = limit;
                 if (request.contains("timeout")) {
                     const double timeout = request.at("timeout").get<double>();
@@ -936,7 +975,8 @@ class Server {
             }
         } catch (const std::exception& e) {
             if (!request.value("internal", false)) {
-                respond(session.client, {{"id", request.value("id", json(nullptr))}, {"ok", false},
+                respond(session.client, {{"id", request.value("id", json(nullptr))},
+                                         {"ok", false},
                                          {"error", error_object("BadRequest", e.what())}});
             }
             pump(session);
@@ -984,7 +1024,8 @@ class Server {
                 signal_job(job->second, SIGINT);
             } else {
                 session.deadline.reset();
-                kill_session_sandbox(session, "the code did not stop after an interrupt; the session was killed");
+                kill_session_sandbox(
+                    session, "the code did not stop after an interrupt; the session was killed");
             }
         }
     }
@@ -993,7 +1034,8 @@ class Server {
         return {{"id", id},
                 {"ok", false},
                 {"session_dead", true},
-                {"error", error_object("SessionDead", "session " + session.id + " is dead: " + session.dead_reason)}};
+                {"error", error_object("SessionDead", "session " + session.id +
+                                                          " is dead: " + session.dead_reason)}};
     }
 
     void kill_session_sandbox(Session& session, const std::string& reason) {
@@ -1016,15 +1058,21 @@ class Server {
             std::string reason = error.empty() ? "the interpreter exited" : error;
             std::string log = session.log;
             while (!log.empty() && (log.back() == '\n')) log.pop_back();
-            if (!log.empty()) reason += "; its last output: " + log.substr(log.size() > 2000 ? log.size() - 2000 : 0);
+            if (!log.empty()) {
+                reason +=
+                    "; its last output: " + log.substr(log.size() > 2000 ? log.size() - 2000 : 0);
+            }
             session.dead_reason = reason;
         }
         const bool interrupted = session.interrupted;
         session.state = Session::State::kDead;
         session.deadline.reset();
         for (const auto& id : session.answer_when_ready) {
-            respond(session.client, {{"id", id}, {"ok", false},
-                                     {"error", error_object("SessionError", "the session could not start: " + session.dead_reason)}});
+            respond(session.client,
+                    {{"id", id},
+                     {"ok", false},
+                     {"error", error_object("SessionError", "the session could not start: " +
+                                                                session.dead_reason)}});
         }
         session.answer_when_ready.clear();
         if (!session.current.is_null() && !session.current_internal) {
@@ -1059,11 +1107,14 @@ class Server {
             ids.push_back(session.current.value("id", json(nullptr)));
         }
         for (const auto& request : session.queue) {
-            if (!request.value("internal", false)) ids.push_back(request.value("id", json(nullptr)));
+            if (!request.value("internal", false)) {
+                ids.push_back(request.value("id", json(nullptr)));
+            }
         }
         for (const auto& id : session.answer_when_ready) ids.push_back(id);
         for (const auto& id : ids) {
-            respond(session.client, {{"id", id}, {"ok", false}, {"error", error_object(type, message)}});
+            respond(session.client,
+                    {{"id", id}, {"ok", false}, {"error", error_object(type, message)}});
         }
         session.queue.clear();
         session.answer_when_ready.clear();

@@ -14,8 +14,8 @@
 namespace sqbox {
 
 struct ServeOptions {
-    SandboxConfig base;       // image, ids, default limits and profile of every sandbox
-    std::string socket_path;  // also listen here (mode 0600); empty: stdin/stdout only
+    SandboxConfig base;         // image, ids, default limits and profile of every sandbox
+    std::string socket_path;    // also listen here (mode 0600); empty: stdin/stdout only
     unsigned max_parallel = 0;  // running `run` sandboxes at once; 0: twice the CPU count
     unsigned pool = 0;          // sandboxes kept set up ahead for run requests (--pool)
 };

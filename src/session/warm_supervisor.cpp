@@ -95,7 +95,8 @@ class WarmSupervisor {
     int next_timeout_ms() const {
         std::optional<Clock::time_point> nearest;
         for (const auto& [key, sandbox] : sandboxes_) {
-            if (sandbox.deadline && !sandbox.timed_out && (!nearest || *sandbox.deadline < *nearest)) {
+            if (sandbox.deadline && !sandbox.timed_out &&
+                (!nearest || *sandbox.deadline < *nearest)) {
                 nearest = sandbox.deadline;
             }
         }
@@ -182,6 +183,7 @@ class WarmSupervisor {
         if (it == sandboxes_.end() || !it->second.channel) return;
         RunningSandbox& sandbox = it->second;
         std::vector<int> stdio;
+        stdio.reserve(fds.size());
         for (const auto& fd : fds) stdio.push_back(fd.get());
         try {
             send_fd_message(sandbox.channel.get(), 'g', body.dump(), stdio,
@@ -192,9 +194,9 @@ class WarmSupervisor {
         sandbox.channel.reset();
         sandbox.started = Clock::now();
         if (!body.at("timeout").is_null()) {
-            sandbox.deadline = sandbox.started + std::chrono::duration_cast<Clock::duration>(
-                                                     std::chrono::duration<double>(
-                                                         body.at("timeout").get<double>()));
+            sandbox.deadline = sandbox.started +
+                               std::chrono::duration_cast<Clock::duration>(
+                                   std::chrono::duration<double>(body.at("timeout").get<double>()));
         }
     }
 
@@ -237,9 +239,9 @@ class WarmSupervisor {
         sandbox.report = std::move(report.read_end);
         sandbox.lifeline = std::move(lifeline.write_end);
         if (config.timeout_seconds && !pooled) {
-            sandbox.deadline = sandbox.started + std::chrono::duration_cast<Clock::duration>(
-                                                     std::chrono::duration<double>(
-                                                         *config.timeout_seconds));
+            sandbox.deadline =
+                sandbox.started + std::chrono::duration_cast<Clock::duration>(
+                                      std::chrono::duration<double>(*config.timeout_seconds));
         }
         std::vector<int> join_fds;
         for (size_t i = first_cgroup_fd; i < fds.size(); ++i) join_fds.push_back(fds[i].get());
@@ -269,8 +271,7 @@ ChildProcess mount_image_and_serve(const WarmSupervisorContext& context, const I
     enter_scratch_root();
     mount_image(image, fuse.get(), ids);
     if (::mkdir("/session", 0755) != 0) throw system_error("cannot create /session");
-    write_file_at(AT_FDCWD, kDriverPathInScratch, context.driver_source, O_EXCL | O_NOFOLLOW,
-                  0644);
+    write_file_at(AT_FDCWD, kDriverPathInScratch, context.driver_source, O_EXCL | O_NOFOLLOW, 0644);
     if (image.kind != ImageSource::Kind::kSquashfs) return {};
     const pid_t self = ::getpid();
     pid_t pid = ::fork();
@@ -278,8 +279,8 @@ ChildProcess mount_image_and_serve(const WarmSupervisorContext& context, const I
     if (pid == 0) {
         die_with_parent(self);
         (void)::close(context.control_fd);
-        int status = serve_squashfs(image.squashfs.get(), fuse.get(),
-                                    {ids.inside_uid, ids.inside_gid});
+        int status =
+            serve_squashfs(image.squashfs.get(), fuse.get(), {ids.inside_uid, ids.inside_gid});
         ::_exit(status == 0 ? 0 : kExitSqboxFailure);
     }
     return ChildProcess(pid);
@@ -294,7 +295,8 @@ void run_warm_supervisor(const WarmSupervisorContext& context) {
         if (::setpgid(0, 0) != 0) throw system_error("setpgid");
         // The server's stdin and stdout are its clients' channel: not ours.
         UniqueFd null(::open("/dev/null", O_RDWR | O_CLOEXEC));
-        if (!null || ::dup2(null.get(), STDIN_FILENO) < 0 || ::dup2(null.get(), STDOUT_FILENO) < 0) {
+        if (!null || ::dup2(null.get(), STDIN_FILENO) < 0 ||
+            ::dup2(null.get(), STDOUT_FILENO) < 0) {
             throw system_error("cannot open /dev/null");
         }
         null.reset();
