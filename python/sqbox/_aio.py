@@ -218,8 +218,13 @@ class AsyncSandbox:
                                       + line[:200] + b"\n")
                     continue
                 if proto.is_tool_call(message):
-                    self._dispatch_tool_call(proto.ToolCall(message))
-                elif "event" not in message:
+                    try:
+                        call = proto.ToolCall(message)
+                    except ValueError:
+                        self._note_stderr(b"sqbox client: malformed tool call from a session\n")
+                        continue
+                    self._dispatch_tool_call(call)
+                elif "event" not in message and isinstance(message.get("id"), (str, int)):
                     future = self._pending.pop(message.get("id"), None)
                     if future is not None and not future.done():
                         future.set_result(message)

@@ -173,7 +173,13 @@ def encode(message: Mapping[str, Any]) -> bytes:
 
 
 def decode(line: bytes) -> Dict[str, Any]:
-    message = json.loads(line)
+    """One line from the server; ValueError for anything that is not a well-formed JSON object
+    (a session's code can forge lines the server passes on, so nothing here may be trusted
+    further, nor raise anything else)."""
+    try:
+        message = json.loads(line)
+    except RecursionError:
+        raise ValueError(f"nested too deeply: {line[:200]!r}") from None
     if not isinstance(message, dict):
         raise ValueError(f"not a JSON object: {line[:200]!r}")
     return message
@@ -233,11 +239,17 @@ class ToolCall:
     __slots__ = ("session", "call_id", "name", "args", "kwargs")
 
     def __init__(self, message: Mapping[str, Any]) -> None:
+        """Raises ValueError for a malformed call (it comes from sandboxed code)."""
         self.session = message.get("session")
         self.call_id = message.get("call_id")
         self.name = message.get("name")
-        self.args = list(message.get("args") or [])
-        self.kwargs = dict(message.get("kwargs") or {})
+        args = message.get("args", [])
+        kwargs = message.get("kwargs", {})
+        if not isinstance(self.name, str) or not isinstance(args, list) \
+                or not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+            raise ValueError("malformed tool call")
+        self.args = list(args)
+        self.kwargs = dict(kwargs)
 
 
 def is_tool_call(message: Mapping[str, Any]) -> bool:

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <regex>
 
 #include "sqbox/sandbox.h"
@@ -116,11 +117,23 @@ EnrootConfOutput evaluate_enroot_conf(const EnrootConf& conf, const SandboxConfi
     EnrootConfOutput output;
     if (!conf.has_environ && !conf.has_mounts && !conf.has_rc) return output;
 
+    // Not the container's image: its shell is the image's code, and what the functions print
+    // becomes mounts of host paths. The host's own root, read-only, in a throw-away sandbox:
+    // the functions see what they would see under enroot (your files, your environment) and
+    // can change none of it.
     SandboxConfig config = base;
+    config.image = "/";
+    config.persistent_layer.clear();
+    config.image_fstab = false;
     config.mounts.clear();
+    config.map_root = false;
     config.read_only_root = true;
     config.entrypoint = SandboxConfig::Entrypoint::kCommand;
     config.timeout_seconds = 30;
+    std::error_code ec;
+    config.workdir = std::filesystem::current_path(ec).string();
+    if (ec) config.workdir = "/";
+    config.workdir_optional = true;
     // The functions see what enroot's would: the caller's environment and the command.
     config.environment.clear();
     for (char** entry = environ; *entry != nullptr; ++entry) {
@@ -131,10 +144,8 @@ EnrootConfOutput evaluate_enroot_conf(const EnrootConf& conf, const SandboxConfi
         }
     }
     config.environment.emplace_back("SQBOX_CONF_SCRIPT", evaluation_script(conf));
-    config.command = {"/bin/sh", "-c",
-                      "shell=/bin/sh; [ -x /bin/bash ] && shell=/bin/bash; "
-                      "exec \"$shell\" -c \"$SQBOX_CONF_SCRIPT\" \"$0\" \"$@\"",
-                      conf.path};
+    const std::string shell = ::access("/bin/bash", X_OK) == 0 ? "/bin/bash" : "/bin/sh";
+    config.command = {shell, "-c", "eval \"$SQBOX_CONF_SCRIPT\"", conf.path};
     config.command.insert(config.command.end(), arguments.begin(), arguments.end());
 
     // Capture the sandbox's stdout in a memory file (a pipe could fill up while we wait).

@@ -3,9 +3,10 @@
 // environment, mounts and a command script.
 //
 // enroot sources the script on the host. sqbox never runs it there: the functions are evaluated
-// inside a throwaway sandbox of the same image (with the caller's environment and the container's
-// command as arguments), and only their output is used. hooks() exists to run host code, so a
-// script that defines it is refused.
+// by the host's shell inside a throw-away sandbox whose root is the host's own, read-only (with
+// the caller's environment, working directory and the container's command as arguments), and
+// only their output is used. Never by the container's image: its shell is not to be trusted with
+// deciding host mounts. hooks() exists to change the host, so a script defining it is refused.
 #pragma once
 
 #include <map>
@@ -35,8 +36,8 @@ struct EnrootConfOutput {
     std::optional<std::string> rc;  // the body of rc(), when defined
 };
 
-// Runs the script's functions in a sandbox built like `base` (same image and layer, read-only,
-// no mounts) and collects what they print. Throws Error if the evaluation fails.
+// Runs the script's functions in a sandbox of the host's root (read-only, no mounts, `base`'s
+// limits and profile) and collects what they print. Throws Error if the evaluation fails.
 EnrootConfOutput evaluate_enroot_conf(const EnrootConf& conf, const SandboxConfig& base,
                                       const std::vector<std::string>& arguments);
 

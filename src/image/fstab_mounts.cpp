@@ -73,12 +73,18 @@ bool is_at_or_below(const std::string& path, std::string_view top) {
                            path[top.size()] == '/');
 }
 
-// The image may add mounts, never take away sqbox's own: /proc with its masks and /dev.
+// The image may add mounts, never take away sqbox's own (/proc with its masks, /dev) nor copy
+// them elsewhere: a bind of /proc from inside the sandbox would leave the masks behind.
 void refuse_system_mount_changes(const MountSpec& spec) {
+    const bool moves_or_detaches =
+        spec.kind == MountSpec::Kind::kMove || spec.kind == MountSpec::Kind::kDetach;
+    const bool sandbox_source = spec.kind == MountSpec::Kind::kMove ||
+                                (spec.kind == MountSpec::Kind::kBind &&
+                                 spec.source_in == MountSpec::SourceIn::kSandbox);
     for (std::string_view system : {"/proc", "/dev", "/sys"}) {
-        if (is_at_or_below(spec.destination, system) ||
-            (spec.kind == MountSpec::Kind::kMove && is_at_or_below(spec.source, system))) {
-            throw Error(spec.origin + ": refusing to move or detach sqbox's own " +
+        if ((moves_or_detaches && is_at_or_below(spec.destination, system)) ||
+            (sandbox_source && is_at_or_below(spec.source, system))) {
+            throw Error(spec.origin + ": refusing to move, detach or copy sqbox's own " +
                         std::string(system) + " mounts");
         }
     }
@@ -160,6 +166,7 @@ std::optional<MountSpec> mount_spec_from_fstab(const FstabEntry& entry, HostSour
     spec.kind = MountSpec::Kind::kBind;
     spec.recursive = recursive;
     set_source(spec, entry, host_sources);
+    if (host_sources == HostSources::kRefused) refuse_system_mount_changes(spec);
     return spec;
 }
 

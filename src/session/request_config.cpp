@@ -29,8 +29,10 @@ std::string quantity_text(const json& value, const std::string& field) {
 }
 
 double seconds(const json& value, const std::string& field) {
-    if (!value.is_number() || value.get<double>() <= 0) {
-        throw Error(field + ": expected a positive number of seconds");
+    // At most a week: longer would overflow the deadline arithmetic.
+    constexpr double kMaxSeconds = 7 * 24 * 3600;
+    if (!value.is_number() || !(value.get<double>() > 0) || value.get<double>() > kMaxSeconds) {
+        throw Error(field + ": expected a positive number of seconds, at most a week");
     }
     return value.get<double>();
 }

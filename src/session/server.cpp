@@ -53,10 +53,30 @@ constexpr uint64_t kDefaultRunOutputLimit = 16ULL * 1024 * 1024;
 constexpr uint64_t kDefaultExecOutputLimit = 1024ULL * 1024;
 constexpr size_t kSessionLogBytes = size_t{64} * 1024;
 constexpr auto kInterruptGrace = std::chrono::seconds(2);
+// Longer timeouts would overflow the clock arithmetic; a week is plenty.
+constexpr double kMaxTimeoutSeconds = 7 * 24 * 3600;
 constexpr size_t kReadChunk = size_t{256} * 1024;
 
 std::string dump_line(const json& message) {
     return message.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+}
+
+// Deeper JSON is refused while parsing: copying or printing it would recurse off the stack.
+constexpr int kMaxJsonDepth = 64;
+
+// Parses one protocol line; throws Error for anything that is not a JSON object of bounded depth.
+json parse_message(const std::string& line) {
+    json message;
+    try {
+        message = json::parse(line, [](int depth, json::parse_event_t /*event*/, json& /*value*/) {
+            if (depth > kMaxJsonDepth) throw Error("JSON nested too deeply");
+            return true;
+        });
+    } catch (const json::exception& e) {
+        throw Error(std::string("not JSON: ") + e.what());
+    }
+    if (!message.is_object()) throw Error("a message is a JSON object");
+    return message;
 }
 
 json error_object(const std::string& type, const std::string& message) {
@@ -135,6 +155,7 @@ struct Session {
     std::optional<Clock::time_point> deadline;
     bool interrupted = false;
     std::vector<std::string> tools;
+    bool tool_call_pending = false;  // the driver waits for the client's answer
     uint64_t output_limit = kDefaultExecOutputLimit;  // each exec's default cap per stream
     std::vector<json> answer_when_ready;              // ids of a session_open and resets
     std::string line;                                 // partial line from the driver
@@ -450,15 +471,15 @@ class Server {
     void handle_line(int client_id, const std::string& line) {
         json request;
         try {
-            request = json::parse(line);
-        } catch (const json::exception& e) {
+            request = parse_message(line);
+        } catch (const Error& e) {
             respond(client_id,
-                    {{"id", nullptr},
-                     {"ok", false},
-                     {"error", error_object("BadRequest", std::string("not JSON: ") + e.what())}});
+                    {{"id", nullptr}, {"ok", false}, {"error", error_object("BadRequest", e.what())}});
             return;
         }
-        json id = request.is_object() && request.contains("id") ? request["id"] : json(nullptr);
+        // Marks the server's own requests; a client may not send it.
+        request.erase("internal");
+        json id = request.contains("id") ? request["id"] : json(nullptr);
         try {
             if (!request.is_object()) throw Error("a request is a JSON object");
             const std::string op = request.value("op", "");
@@ -887,13 +908,14 @@ class Server {
             std::string line = session->line.substr(0, newline);
             session->line.erase(0, newline + 1);
             session->scanned = 0;
-            json message;
+            // The driver shares its process with the session's code: anything may arrive here.
             try {
-                message = json::parse(line);
+                handle_driver_message(*session, parse_message(line));
+            } catch (const Error&) {
+                // not a message of the driver's: ignored
             } catch (const json::exception&) {
-                continue;  // not the driver's: ignore
+                // a message with fields of the wrong types: ignored
             }
-            handle_driver_message(*session, message);
             session = session_of(job);
             if (session == nullptr) return;
         }
@@ -918,12 +940,35 @@ class Server {
             pump(session);
         } else if (event == "tool_call") {
             if (session.state != Session::State::kBusy || session.current_internal) return;
-            json call = message;
-            call["id"] = session.current.value("id", json(nullptr));
-            call["session"] = session.id;
+            const json& name = message.contains("name") ? message["name"] : json(nullptr);
+            const json& call_id = message.contains("call_id") ? message["call_id"] : json(nullptr);
+            if (!call_id.is_string() && !call_id.is_number_integer()) return;
+            if (session.tool_call_pending) {
+                // The driver waits for each answer; a second call is not the driver's doing.
+                kill_session_sandbox(session, "the session broke the protocol (overlapping tool calls)");
+                return;
+            }
+            if (!name.is_string() ||
+                std::find(session.tools.begin(), session.tools.end(), name.get<std::string>()) ==
+                    session.tools.end()) {
+                // Only what the client registered reaches it.
+                send_to_driver(session, {{"op", "tool_result"},
+                                         {"call_id", call_id},
+                                         {"error", error_object("NameError", "no such tool")}});
+                return;
+            }
+            session.tool_call_pending = true;
+            json call = {{"id", session.current.value("id", json(nullptr))},
+                         {"event", "tool_call"},
+                         {"session", session.id},
+                         {"call_id", call_id},
+                         {"name", name},
+                         {"args", message.contains("args") ? message["args"] : json::array()},
+                         {"kwargs", message.contains("kwargs") ? message["kwargs"] : json::object()}};
             respond(session.client, call);
         } else if (event == "result") {
             if (session.state != Session::State::kBusy) return;
+            session.tool_call_pending = false;
             if (!session.current_internal) {
                 json answer = message;
                 answer.erase("event");
@@ -959,7 +1004,10 @@ class Server {
                 to_driver["output_limit"] = limit;
                 if (request.contains("timeout")) {
                     const double timeout = request.at("timeout").get<double>();
-                    if (timeout <= 0) throw Error("timeout: expected a positive number of seconds");
+                    if (!(timeout > 0) || timeout > kMaxTimeoutSeconds) {
+                        throw Error("timeout: expected a positive number of seconds (at most " +
+                                    std::to_string(static_cast<long>(kMaxTimeoutSeconds)) + ")");
+                    }
                     session.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                                           std::chrono::duration<double>(timeout));
                 }
@@ -986,19 +1034,28 @@ class Server {
         session.current_internal = request.value("internal", false);
         session.state = Session::State::kBusy;
         session.interrupted = false;
+        session.tool_call_pending = false;
         send_to_driver(session, to_driver);
     }
 
     void send_to_driver(Session& session, const json& message) {
         auto it = jobs_.find(session.job);
         if (it == jobs_.end()) return;
-        it->second.stdin_pending += dump_line(message);
+        Job& job = it->second;
+        // A driver that stops reading must not make the server hold its input forever.
+        if (job.stdin_pending.size() > kMaxRequestBytes) {
+            kill_session_sandbox(session, "the session stopped reading its requests");
+            return;
+        }
+        job.stdin_pending += dump_line(message);
         write_stdin(session.job);
     }
 
     void forward_tool_result(int client_id, const json& request) {
         Session& session = owned_session(client_id, request);
-        if (session.state != Session::State::kBusy) return;  // too late: the exec has ended
+        // Too late (the exec has ended) or never asked for: dropped.
+        if (session.state != Session::State::kBusy || !session.tool_call_pending) return;
+        session.tool_call_pending = false;
         json message = {{"op", "tool_result"}, {"call_id", request.at("call_id")}};
         if (request.contains("error")) {
             message["error"] = request.at("error");

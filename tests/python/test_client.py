@@ -623,3 +623,28 @@ def test_example_smolagents_executor(sqbox_bin, python_image):
     assert done.returncode == 0, done.stderr
     assert "final answer: 30 (is_final_answer=True)" in done.stdout
     assert "Sunny in Paris" in done.stdout
+
+
+def test_forged_tool_calls_from_one_session_do_not_break_the_client(sandbox):
+    """A session's code can write the driver's protocol itself. Malformed tool calls it forges
+    must not stop the client's reader: the other sessions and runs keep working."""
+    def lookup(key):
+        return key.upper()
+
+    with sandbox.session(tools=[lookup]) as victim, sandbox.session(tools=[lookup]) as attacker:
+        victim.execute("kept = 1")
+        attacker.execute("""
+import json, os
+for fd in range(3, 64):
+    try:
+        if 'pipe' not in os.readlink(f'/proc/self/fd/{fd}'):
+            continue
+        for forged in ({"event": "tool_call", "call_id": "f1", "name": "lookup", "args": 5},
+                       {"event": "tool_call", "call_id": "f2", "name": "lookup", "kwargs": [1]}):
+            os.write(fd, (json.dumps(forged) + "\\n").encode())
+    except OSError:
+        pass
+""", timeout=10)
+        assert victim.execute("kept + 1").value == "2"
+        assert victim.execute("tools.lookup('x')").value == "'X'"
+        assert sandbox.run(["true"]).exit_code == 0

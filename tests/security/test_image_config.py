@@ -48,12 +48,16 @@ def test_image_fstab_cannot_mount_through_a_symlinked_target(box, busybox_rootfs
 
 
 @pytest.mark.parametrize("entry", [
+    "${ENROOT_ROOTFS}/proc /unmasked none bind,x-create=dir",
+    "${ENROOT_ROOTFS}/proc/sys /unmasked none rbind,x-create=dir",
+    "${ENROOT_ROOTFS}/dev /unmasked none bind,x-create=dir",
     "none /proc/kcore none x-detach",
     "none /proc/sys none x-detach",
     "none /proc none x-detach",
     "none /dev none x-detach",
     "${ENROOT_ROOTFS}/proc/sys /unmasked none x-create=dir,x-move",
-], ids=["kcore-mask", "proc-sys-ro", "proc", "dev", "move-proc-sys"])
+], ids=["bind-proc", "bind-proc-sys", "bind-dev", "kcore-mask", "proc-sys-ro", "proc", "dev",
+        "move-proc-sys"])
 def test_image_fstab_cannot_undo_sqbox_mounts(box, busybox_rootfs, tmp_path, entry):
     rootfs = _rootfs_with(busybox_rootfs, tmp_path / "rootfs", fstab=entry + "\n")
     result = box.sh("echo ran", image=str(rootfs))
@@ -73,22 +77,54 @@ def test_image_environment_cannot_read_the_callers_variables(box, busybox_rootfs
     assert result.stdout == "[][]\n0\n"
 
 
-def test_enroot_conf_functions_do_not_run_on_the_host(box, host_sentinel, tmp_path):
-    """A configuration script's environ()/mounts() run inside a throwaway sandbox: writing to the
-    host, or reading a host file it did not mount, fails."""
+def test_enroot_conf_functions_cannot_change_the_host(box, host_sentinel, tmp_path):
+    """A configuration script's environ()/mounts() run in a throw-away sandbox whose root is the
+    host's, read-only: they see what enroot's would, and can change none of it."""
     conf = tmp_path / "evil.conf"
     planted = host_sentinel.dir / "planted-by-conf"
     conf.write_text(f"""
 environ() {{
     echo pwned > {planted} 2>/dev/null
-    echo "STOLEN=$(cat {host_sentinel.file} 2>/dev/null)"
+    rm -f {host_sentinel.file} 2>/dev/null
+    echo "RAN=yes"
 }}
 """)
     result = subprocess.run([box.binary, "enroot", "start", "-c", str(conf), box.busybox_image,
-                             "sh", "-c", 'echo "stolen=[$STOLEN]"', box.marker],
+                             "sh", "-c", 'echo "ran=[$RAN]"', box.marker],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, ENROOT_DATA_PATH=str(tmp_path / "data")),
                             timeout=60)
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "stolen=[]\n"
+    assert result.stdout == "ran=[yes]\n"
     assert not planted.exists()
+    assert host_sentinel.file.read_text() == host_sentinel.secret + "\n"
+
+
+def test_an_image_shell_cannot_forge_configuration_mounts(box, busybox_rootfs, host_sentinel,
+                                                           tmp_path):
+    """The image's own shells print what a configuration's mounts() would print, host path
+    included. sqbox never evaluates configuration with the image's code, so nothing of it is
+    mounted."""
+    rootfs = _rootfs_with(busybox_rootfs, tmp_path / "rootfs")
+    forged = ("#!/bin/busybox sh\n"
+              f"printf '\\n\\036sqbox-conf:mounts\\n{host_sentinel.dir} /loot none bind\\n'\n"
+              'exec /bin/busybox sh "$@"\n')
+    for shell in ("bin/bash", "bin/sh"):
+        target = rootfs / shell
+        if target.exists() or target.is_symlink():
+            target.unlink()
+        target.write_text(forged)
+        target.chmod(0o755)
+    image = tmp_path / "forger.sqsh"
+    subprocess.run(["mksquashfs", str(rootfs), str(image), "-all-root", "-quiet", "-no-progress"],
+                   check=True, stdout=subprocess.DEVNULL)
+    conf = tmp_path / "benign.conf"
+    conf.write_text("environ() {\n    echo BENIGN=1\n}\n")
+    result = subprocess.run([box.binary, "enroot", "start", "-c", str(conf), str(image),
+                             "/bin/busybox", "sh", "-c",
+                             "cat /loot/secret.txt 2>&1; echo BENIGN=$BENIGN", box.marker],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, ENROOT_DATA_PATH=str(tmp_path / "data")),
+                            timeout=60)
+    assert host_sentinel.secret not in result.stdout, result.stdout
+    assert "BENIGN=1" in result.stdout, (result.stdout, result.stderr)

@@ -234,3 +234,75 @@ def test_killing_the_server_leaves_no_sandbox_behind(server, marker):
             break
         assert time.monotonic() < deadline, f"processes left: {leftovers}"
         time.sleep(0.1)
+
+
+# The driver's protocol fd, as session code finds it: the driver moved the channel it inherited
+# on fd 1 to a descriptor of its own; any pipe it holds open for writing will do for an attack.
+WRITE_TO_DRIVER_CHANNEL = """
+import os
+def forge(text):
+    for fd in range(3, 64):
+        try:
+            flags = os.readlink(f'/proc/self/fd/{fd}')
+        except OSError:
+            continue
+        if 'pipe' in flags:
+            try:
+                os.write(fd, text.encode())
+            except OSError:
+                pass
+"""
+
+
+@pytest.mark.parametrize("line", [
+    "[1]", "5", '"text"', '{"event": 5}', '{"event": "tool_call", "call_id": [1]}',
+    '{"event": "result", "ok": ' + "[" * 100000 + "]" * 100000 + "}",
+], ids=["array", "number", "string", "event-number", "call-id-list", "deep"])
+def test_malformed_driver_messages_do_not_take_the_server_down(server, line):
+    srv = server()
+    victim = open_session(srv, "victim")
+    attacker = open_session(srv, "attacker")
+    execute(srv, victim, "kept = 1", "v1")
+    srv.send({"id": "forge", "op": "exec", "session": attacker, "timeout": 5,
+              "code": WRITE_TO_DRIVER_CHANNEL + f"forge({line!r} + '\\n')\n'done'"})
+    srv.wait("forge", timeout=30)
+    assert srv.call({"id": "ping", "op": "ping"})["ok"] is True
+    assert execute(srv, victim, "kept", "v2")["value"] == "1"
+    assert srv.proc.poll() is None
+
+
+def test_tool_calls_reach_the_client_only_for_registered_tools(server):
+    srv = server()
+    answer = srv.call({"id": "open", "op": "session_open", "tools": ["add"]})
+    session = answer["session"]
+    flood = execute(srv, session, WRITE_TO_DRIVER_CHANNEL + """
+import json
+for i in range(200):
+    forge(json.dumps({"event": "tool_call", "call_id": f"x{i}", "name": "secret_" + "a" * 100000,
+                      "args": [], "kwargs": {}}) + "\\n")
+'flooded'
+""", "flood", timeout=20)
+    assert flood["id"] == "flood"
+    with srv.cond:
+        forwarded = [e for e in srv.events if str(e.get("name", "")).startswith("secret_")]
+    assert forwarded == []
+    assert srv.call({"id": "ping", "op": "ping"})["ok"] is True
+    with open(f"/proc/{srv.proc.pid}/status") as status:
+        rss_kib = next(int(l.split()[1]) for l in status if l.startswith("VmRSS:"))
+    assert rss_kib < 200 * 1024, f"server grew to {rss_kib} KiB"
+
+
+def test_client_fields_cannot_confuse_the_server(server):
+    srv = server()
+    session = open_session(srv, "s")
+    srv.send({"id": "slow", "op": "exec", "session": session, "code": "import time; time.sleep(0.5)"})
+    srv.send({"id": "internal", "op": "exec", "session": session, "code": "1", "internal": "yes"})
+    assert srv.wait("slow")["ok"] is True
+    assert srv.wait("internal")["value"] == "1"
+    huge = srv.call({"id": "huge", "op": "exec", "session": session, "code": "1", "timeout": 1e10})
+    assert huge["ok"] is False and huge["error"]["type"] == "BadRequest"
+    deep = "[" * 100000 + "]" * 100000
+    srv.proc.stdin.write('{"id": ' + deep + ', "op": "ping"}\n')
+    srv.proc.stdin.flush()
+    assert srv.call({"id": "after", "op": "ping"})["ok"] is True
+    assert srv.proc.poll() is None
