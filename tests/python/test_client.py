@@ -633,7 +633,7 @@ def test_forged_tool_calls_from_one_session_do_not_break_the_client(sandbox):
 
     with sandbox.session(tools=[lookup]) as victim, sandbox.session(tools=[lookup]) as attacker:
         victim.execute("kept = 1")
-        attacker.execute("""
+        forging = """
 import json, os
 for fd in range(3, 64):
     try:
@@ -644,7 +644,11 @@ for fd in range(3, 64):
             os.write(fd, (json.dumps(forged) + "\\n").encode())
     except OSError:
         pass
-""", timeout=10)
+"""
+        try:
+            attacker.execute(forging, timeout=10)
+        except sqbox.SessionDead:
+            pass  # overlapping forged calls break the protocol: the server ends that session
         assert victim.execute("kept + 1").value == "2"
         assert victim.execute("tools.lookup('x')").value == "'X'"
         assert sandbox.run(["true"]).exit_code == 0
