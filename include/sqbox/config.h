@@ -43,6 +43,9 @@ struct MountSpec {
     // Filesystem options of a tmpfs (size, mode, ...); sqbox's caps apply where none is given.
     std::vector<std::pair<std::string, std::string>> filesystem_options;
     bool optional = false;  // fstab "nofail": a failure is a warning, the mount is skipped
+    // From the image's own /etc/fstab: untrusted. Its tmpfs mounts share the sandbox's writable
+    // budget, and it may move or detach only mounts its own entries made.
+    bool from_image = false;
     int pass = 0;           // fstab fs_passno: mounts happen in increasing order of it (stable)
     std::string origin;     // where it came from, for messages ("--mount a:b", "/etc/fstab line 3")
 };

@@ -69,6 +69,7 @@ void set_source(MountSpec& spec, const FstabEntry& entry, HostSources host_sourc
 }
 
 bool is_at_or_below(const std::string& path, std::string_view top) {
+    if (top == "/") return true;
     return path == top || (path.size() > top.size() && path.compare(0, top.size(), top) == 0 &&
                            path[top.size()] == '/');
 }
@@ -81,9 +82,12 @@ void refuse_system_mount_changes(const MountSpec& spec) {
     const bool sandbox_source = spec.kind == MountSpec::Kind::kMove ||
                                 (spec.kind == MountSpec::Kind::kBind &&
                                  spec.source_in == MountSpec::SourceIn::kSandbox);
+    // A recursive bind of an ancestor ("/") would copy them along with everything else.
+    const bool copies_below = spec.kind == MountSpec::Kind::kBind && sandbox_source && spec.recursive;
     for (std::string_view system : {"/proc", "/dev", "/sys"}) {
         if ((moves_or_detaches && is_at_or_below(spec.destination, system)) ||
-            (sandbox_source && is_at_or_below(spec.source, system))) {
+            (sandbox_source && is_at_or_below(spec.source, system)) ||
+            (copies_below && is_at_or_below(std::string(system), spec.source))) {
             throw Error(spec.origin + ": refusing to move, detach or copy sqbox's own " +
                         std::string(system) + " mounts");
         }
@@ -96,6 +100,7 @@ std::optional<MountSpec> mount_spec_from_fstab(const FstabEntry& entry, HostSour
     MountSpec spec;
     spec.origin = entry.origin;
     spec.pass = entry.pass;
+    spec.from_image = host_sources == HostSources::kRefused;
     spec.destination = sandbox_path(entry.target);
     spec.create = MountSpec::Create::kNever;
 

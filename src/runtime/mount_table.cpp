@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 
 #include "image/fstab.h"
 #include "image/fstab_mounts.h"
@@ -22,6 +23,8 @@ namespace sqbox {
 namespace {
 
 constexpr size_t kMaxFstabBytes = size_t{64} * 1024;
+// Each mount costs kernel memory no limit counts; an image has no need for many.
+constexpr size_t kMaxImageMounts = 64;
 
 // The image's /etc/fstab, resolved inside the root (its symlinks cannot leave it), read only if
 // it is a regular file of bounded size. Empty when the image has none.
@@ -89,7 +92,7 @@ uint64_t attributes_of(const MountSpec& spec) {
     return attributes;
 }
 
-void mount_bind(int root_fd, const MountSpec& spec, bool can_create) {
+void mount_bind(int root_fd, const MountSpec& spec, const SandboxConfig& config, bool can_create) {
     UniqueFd tree;
     if (spec.source_in == MountSpec::SourceIn::kHost) {
         tree = clone_mount_tree(AT_FDCWD, std::string(kOldRootDir) + spec.source, spec.recursive,
@@ -101,8 +104,38 @@ void mount_bind(int root_fd, const MountSpec& spec, bool can_create) {
             resolve_in_root(root_fd, spec.source, EntryKind::kAny, false, spec.origin);
         tree = clone_mount_tree(source.get(), "", spec.recursive, spec.origin);
     }
-    set_mount_attributes(tree.get(), attributes_of(spec), 0, true, spec.origin);
+    uint64_t attributes = attributes_of(spec);
+    // A second view of a read-only root must not be a writable one.
+    if (config.read_only_root && spec.source_in == MountSpec::SourceIn::kSandbox) {
+        attributes |= MountAttr::kReadOnly;
+    }
+    set_mount_attributes(tree.get(), attributes, 0, true, spec.origin);
     UniqueFd target = resolve_target(root_fd, spec, tree.get(), can_create);
+    attach_mount(tree.get(), target.get(), spec.origin);
+}
+
+// An image's tmpfs entry: a directory in the sandbox's own size-capped tmpfs, so however many the
+// image asks for, and whatever size, they share one budget with the rest of the sandbox's
+// writes. Only `mode` of its options is honoured.
+void mount_image_tmpfs(int root_fd, const MountSpec& spec, bool can_create, int index) {
+    mode_t mode = 0755;
+    for (const auto& [key, value] : spec.filesystem_options) {
+        if (key != "mode") continue;
+        char* end = nullptr;
+        const unsigned long parsed = std::strtoul(value.c_str(), &end, 8);
+        if (end == value.c_str() || *end != '\0' || parsed > 07777) {
+            throw Error(spec.origin + ": bad tmpfs mode '" + value + "'");
+        }
+        mode = static_cast<mode_t>(parsed & 01777);  // no setuid/setgid directories
+    }
+    const std::string directory =
+        std::string(kSandboxDir) + "/image-tmpfs-" + std::to_string(index);
+    if (::mkdir(directory.c_str(), 0700) != 0 || ::chmod(directory.c_str(), mode) != 0) {
+        throw system_error(spec.origin + ": cannot create its tmpfs");
+    }
+    UniqueFd tree = clone_mount_tree(AT_FDCWD, directory, false, spec.origin);
+    set_mount_attributes(tree.get(), attributes_of(spec), 0, true, spec.origin);
+    UniqueFd target = resolve_target(root_fd, spec, -1, can_create);
     attach_mount(tree.get(), target.get(), spec.origin);
 }
 
@@ -128,24 +161,45 @@ void move_mount_in_root(int root_fd, const MountSpec& spec, bool can_create) {
 }
 
 void detach_mount_in_root(int root_fd, const MountSpec& spec) {
-    UniqueFd target =
-        resolve_in_root(root_fd, spec.destination, EntryKind::kAny, false, spec.origin);
-    const std::string path = "/proc/self/fd/" + std::to_string(target.get());
-    if (::umount2(path.c_str(), MNT_DETACH) != 0) {
+    // Resolved first: no component may be a symlink. Then by path (no /proc to name the fd
+    // through before pivot_root); nothing in the sandbox runs yet to swap a component.
+    (void)resolve_in_root(root_fd, spec.destination, EntryKind::kAny, false, spec.origin);
+    const std::string path = std::string(kSandboxDir) + "/root" + spec.destination;
+    if (::umount2(path.c_str(), MNT_DETACH | UMOUNT_NOFOLLOW) != 0) {
         throw system_error(spec.origin + ": cannot detach " + spec.destination);
     }
 }
 
-void apply_one(int root_fd, const MountSpec& spec, const SandboxConfig& config, bool can_create) {
+// What the table has mounted so far: an image may move or detach only these.
+using MountedTargets = std::vector<std::string>;
+
+void check_image_may_change(const MountSpec& spec, const MountedTargets& mounted) {
+    const std::string& which =
+        spec.kind == MountSpec::Kind::kMove ? spec.source : spec.destination;
+    if (std::find(mounted.begin(), mounted.end(), which) == mounted.end()) {
+        throw Error(spec.origin + ": an image may move or detach only mounts of its own fstab");
+    }
+}
+
+void apply_one(int root_fd, const MountSpec& spec, const SandboxConfig& config, bool can_create,
+               MountedTargets& mounted) {
     if (spec.destination == "/" && spec.kind != MountSpec::Kind::kDetach) {
         throw Error(spec.origin + ": cannot mount over the sandbox's root");
     }
+    if (spec.from_image &&
+        (spec.kind == MountSpec::Kind::kMove || spec.kind == MountSpec::Kind::kDetach)) {
+        check_image_may_change(spec, mounted);
+    }
     switch (spec.kind) {
         case MountSpec::Kind::kBind:
-            mount_bind(root_fd, spec, can_create);
+            mount_bind(root_fd, spec, config, can_create);
             break;
         case MountSpec::Kind::kTmpfs:
-            mount_tmpfs(root_fd, spec, config, can_create);
+            if (spec.from_image) {
+                mount_image_tmpfs(root_fd, spec, can_create, static_cast<int>(mounted.size()));
+            } else {
+                mount_tmpfs(root_fd, spec, config, can_create);
+            }
             break;
         case MountSpec::Kind::kMove:
             move_mount_in_root(root_fd, spec, can_create);
@@ -155,6 +209,7 @@ void apply_one(int root_fd, const MountSpec& spec, const SandboxConfig& config, 
             detach_mount_in_root(root_fd, spec);
             break;
     }
+    mounted.push_back(spec.destination);
 }
 
 }  // namespace
@@ -174,12 +229,17 @@ void apply_mount_table(int root_fd, const SandboxConfig& config, bool can_create
             }
         }
     }
+    if (table.size() > kMaxImageMounts) {
+        throw Error("the image's /etc/fstab has more than " + std::to_string(kMaxImageMounts) +
+                    " mount entries");
+    }
     table.insert(table.end(), config.mounts.begin(), config.mounts.end());
     std::stable_sort(table.begin(), table.end(),
                      [](const MountSpec& a, const MountSpec& b) { return a.pass < b.pass; });
+    MountedTargets mounted;
     for (const auto& spec : table) {
         try {
-            apply_one(root_fd, spec, config, can_create);
+            apply_one(root_fd, spec, config, can_create, mounted);
         } catch (const Error& e) {
             if (!spec.optional) throw;
             print_error(std::string("warning: ") + e.what() + " (nofail: skipped)");

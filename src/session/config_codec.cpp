@@ -29,6 +29,7 @@ json mount_to_json(const MountSpec& mount) {
             {"create", static_cast<int>(mount.create)},
             {"filesystem_options", mount.filesystem_options},
             {"optional", mount.optional},
+            {"from_image", mount.from_image},
             {"pass", mount.pass},
             {"origin", mount.origin}};
 }
@@ -46,6 +47,7 @@ MountSpec mount_from_json(const json& value) {
     mount.filesystem_options =
         value.at("filesystem_options").get<std::vector<std::pair<std::string, std::string>>>();
     mount.optional = value.at("optional").get<bool>();
+    mount.from_image = value.at("from_image").get<bool>();
     mount.pass = value.at("pass").get<int>();
     mount.origin = value.at("origin").get<std::string>();
     return mount;

@@ -466,3 +466,22 @@ def test_user_configuration_directory_is_applied(enroot, busybox_image, tmp_path
                     env={"ENROOT_CONFIG_PATH": str(config), "SITE_NAME": "lab"})
     assert result.stdout.splitlines() == ["lab|x y|unset", "1", "2"], result.stderr
     assert result.returncode != 0  # /etc-host came from a file without the .fstab suffix
+
+
+def test_image_fstab_detaches_its_own_mounts(enroot, busybox_image, tmp_path):
+    image = build_image(tmp_path, busybox_image, {
+        "/etc/fstab": "tmpfs /scratch tmpfs x-create=dir 0 0\nnone /scratch none x-detach 0 1\n"})
+    result = enroot("start", image, "sh", "-c", "grep -c ' /scratch ' /proc/mounts")
+    assert result.stdout == "0\n", result.stderr
+
+
+def test_remove_handles_a_very_deep_layer(enroot, python_image):
+    assert enroot("create", "-n", "deep", python_image).returncode == 0
+    planted = enroot("start", "--rw", "deep", "python3", "-c",
+                     "import os\nos.chdir('/')\nfor _ in range(5000):\n"
+                     "    os.mkdir('d'); os.chdir('d'); open('f', 'w').close()\n"
+                     "os.chmod('.', 0)\n")
+    assert planted.returncode == 0, planted.stderr
+    removed = enroot("remove", "-f", "deep")
+    assert removed.returncode == 0, removed.stderr
+    assert enroot.store_entries() == [".sqbox-store.lock"]

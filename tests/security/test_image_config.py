@@ -128,3 +128,44 @@ def test_an_image_shell_cannot_forge_configuration_mounts(box, busybox_rootfs, h
                             timeout=60)
     assert host_sentinel.secret not in result.stdout, result.stdout
     assert "BENIGN=1" in result.stdout, (result.stdout, result.stderr)
+
+
+def test_image_tmpfs_entries_share_the_sandbox_budget(box, busybox_rootfs, tmp_path):
+    """However many tmpfs entries an image asks for, and with whatever size (0 means unlimited to
+    tmpfs), they draw from the sandbox's one size-capped budget."""
+    entries = "".join(f"tmpfs /big{i} tmpfs x-create=dir,size=0,nr_inodes=0\n" for i in range(4))
+    rootfs = _rootfs_with(busybox_rootfs, tmp_path / "rootfs", fstab=entries)
+    result = box.sh("total=0; for i in 0 1 2 3; do "
+                    "dd if=/dev/zero of=/big$i/fill bs=1M count=64 2>/dev/null; "
+                    "n=$(du -m /big$i/fill | cut -f1); total=$((total + n)); done; "
+                    "echo total=$total", image=str(rootfs), options=["--tmpfs-size", "32m"])
+    assert result.returncode == 0, result.stderr
+    total = int(result.stdout.strip().split("=")[1])
+    assert total <= 33, f"image tmpfs mounts held {total} MiB with a 32 MiB budget"
+
+
+def test_image_fstab_cannot_copy_proc_along_with_the_root(box, busybox_rootfs, tmp_path):
+    """A recursive bind of the root would carry /proc and its masks along; moving a mask away
+    there would unmask it. Both steps are refused."""
+    rootfs = _rootfs_with(busybox_rootfs, tmp_path / "rootfs", fstab=(
+        "${ENROOT_ROOTFS}/ /mnt/r none rbind,x-create=dir\n"
+        "${ENROOT_ROOTFS}/mnt/r/proc/keys /mnt/keys none x-move,x-create=file\n"))
+    result = box.sh("echo ran", image=str(rootfs))
+    assert result.returncode == 125 and "refusing" in result.stderr
+    moved = _rootfs_with(busybox_rootfs, tmp_path / "moved", fstab=(
+        "${ENROOT_ROOTFS}/ /mnt/r none bind,x-create=dir\n"
+        "${ENROOT_ROOTFS}/proc/keys /mnt/keys none x-move,x-create=file\n"))
+    result = box.sh("echo ran", image=str(moved))
+    assert result.returncode == 125 and "ran" not in result.stdout
+
+
+def test_image_fstab_cannot_reopen_a_read_only_root(box, busybox_rootfs, tmp_path):
+    rootfs = _rootfs_with(busybox_rootfs, tmp_path / "rootfs",
+                          fstab="${ENROOT_ROOTFS}/ /mnt/alias none bind,x-create=dir\n"
+                                "${ENROOT_ROOTFS}/etc /etc none bind\n")
+    result = box.sh("echo x > /mnt/alias/planted; echo y >> /etc/passwd; "
+                    "test -e /planted && echo PLANTED; echo done",
+                    image=str(rootfs), options=["--read-only"])
+    assert "done" in result.stdout, result.stderr
+    assert "PLANTED" not in result.stdout
+    assert result.stderr.count("Read-only file system") == 2, result.stderr
