@@ -46,8 +46,8 @@ struct MountSpec {
     // From the image's own /etc/fstab: untrusted. Its tmpfs mounts share the sandbox's writable
     // budget, and it may move or detach only mounts its own entries made.
     bool from_image = false;
-    int pass = 0;           // fstab fs_passno: mounts happen in increasing order of it (stable)
-    std::string origin;     // where it came from, for messages ("--mount a:b", "/etc/fstab line 3")
+    int pass = 0;        // fstab fs_passno: mounts happen in increasing order of it (stable)
+    std::string origin;  // where it came from, for messages ("--mount a:b", "/etc/fstab line 3")
 };
 
 // Resource limits of one sandbox. Every run has the defaults below (documented in SECURITY.md:

@@ -139,7 +139,8 @@ void remove_tree(const std::string& path) {
         UniqueFd parent(::openat(current.get(), "..", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
         struct stat parent_stat {};
         if (!parent || ::fstat(parent.get(), &parent_stat) != 0 ||
-            parent_stat.st_ino != levels.back().parent_inode || parent_stat.st_dev != top_stat.st_dev) {
+            parent_stat.st_ino != levels.back().parent_inode ||
+            parent_stat.st_dev != top_stat.st_dev) {
             throw Error("cannot remove " + path + ": the tree changed while it was being removed");
         }
         if (::unlinkat(parent.get(), levels.back().name.c_str(), AT_REMOVEDIR) != 0 &&

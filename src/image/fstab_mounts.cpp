@@ -79,11 +79,12 @@ bool is_at_or_below(const std::string& path, std::string_view top) {
 void refuse_system_mount_changes(const MountSpec& spec) {
     const bool moves_or_detaches =
         spec.kind == MountSpec::Kind::kMove || spec.kind == MountSpec::Kind::kDetach;
-    const bool sandbox_source = spec.kind == MountSpec::Kind::kMove ||
-                                (spec.kind == MountSpec::Kind::kBind &&
-                                 spec.source_in == MountSpec::SourceIn::kSandbox);
+    const bool sandbox_source =
+        spec.kind == MountSpec::Kind::kMove ||
+        (spec.kind == MountSpec::Kind::kBind && spec.source_in == MountSpec::SourceIn::kSandbox);
     // A recursive bind of an ancestor ("/") would copy them along with everything else.
-    const bool copies_below = spec.kind == MountSpec::Kind::kBind && sandbox_source && spec.recursive;
+    const bool copies_below =
+        spec.kind == MountSpec::Kind::kBind && sandbox_source && spec.recursive;
     for (std::string_view system : {"/proc", "/dev", "/sys"}) {
         if ((moves_or_detaches && is_at_or_below(spec.destination, system)) ||
             (sandbox_source && is_at_or_below(spec.source, system)) ||

@@ -174,8 +174,7 @@ void detach_mount_in_root(int root_fd, const MountSpec& spec) {
 using MountedTargets = std::vector<std::string>;
 
 void check_image_may_change(const MountSpec& spec, const MountedTargets& mounted) {
-    const std::string& which =
-        spec.kind == MountSpec::Kind::kMove ? spec.source : spec.destination;
+    const std::string& which = spec.kind == MountSpec::Kind::kMove ? spec.source : spec.destination;
     if (std::find(mounted.begin(), mounted.end(), which) == mounted.end()) {
         throw Error(spec.origin + ": an image may move or detach only mounts of its own fstab");
     }

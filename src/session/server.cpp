@@ -155,7 +155,7 @@ struct Session {
     std::optional<Clock::time_point> deadline;
     bool interrupted = false;
     std::vector<std::string> tools;
-    bool tool_call_pending = false;  // the driver waits for the client's answer
+    bool tool_call_pending = false;                   // the driver waits for the client's answer
     uint64_t output_limit = kDefaultExecOutputLimit;  // each exec's default cap per stream
     std::vector<json> answer_when_ready;              // ids of a session_open and resets
     std::string line;                                 // partial line from the driver
@@ -473,8 +473,9 @@ class Server {
         try {
             request = parse_message(line);
         } catch (const Error& e) {
-            respond(client_id,
-                    {{"id", nullptr}, {"ok", false}, {"error", error_object("BadRequest", e.what())}});
+            respond(
+                client_id,
+                {{"id", nullptr}, {"ok", false}, {"error", error_object("BadRequest", e.what())}});
             return;
         }
         // Marks the server's own requests; a client may not send it.
@@ -945,12 +946,12 @@ class Server {
             if (!call_id.is_string() && !call_id.is_number_integer()) return;
             if (session.tool_call_pending) {
                 // The driver waits for each answer; a second call is not the driver's doing.
-                kill_session_sandbox(session, "the session broke the protocol (overlapping tool calls)");
+                kill_session_sandbox(session,
+                                     "the session broke the protocol (overlapping tool calls)");
                 return;
             }
-            if (!name.is_string() ||
-                std::find(session.tools.begin(), session.tools.end(), name.get<std::string>()) ==
-                    session.tools.end()) {
+            if (!name.is_string() || std::find(session.tools.begin(), session.tools.end(),
+                                               name.get<std::string>()) == session.tools.end()) {
                 // Only what the client registered reaches it.
                 send_to_driver(session, {{"op", "tool_result"},
                                          {"call_id", call_id},
@@ -958,13 +959,14 @@ class Server {
                 return;
             }
             session.tool_call_pending = true;
-            json call = {{"id", session.current.value("id", json(nullptr))},
-                         {"event", "tool_call"},
-                         {"session", session.id},
-                         {"call_id", call_id},
-                         {"name", name},
-                         {"args", message.contains("args") ? message["args"] : json::array()},
-                         {"kwargs", message.contains("kwargs") ? message["kwargs"] : json::object()}};
+            json call = {
+                {"id", session.current.value("id", json(nullptr))},
+                {"event", "tool_call"},
+                {"session", session.id},
+                {"call_id", call_id},
+                {"name", name},
+                {"args", message.contains("args") ? message["args"] : json::array()},
+                {"kwargs", message.contains("kwargs") ? message["kwargs"] : json::object()}};
             respond(session.client, call);
         } else if (event == "result") {
             if (session.state != Session::State::kBusy) return;
