@@ -74,3 +74,16 @@ def fuse_connections():
 def mountinfo():
     """Our mount table as text (sandboxes must not leave a mount in it)."""
     return Path("/proc/self/mountinfo").read_text()
+
+
+def new_fuse_connections(before, wait=5.0):
+    """FUSE connections that exist now but did not before, after waiting up to `wait` seconds
+    for them to go (connections of earlier tests may still be going away: those are not new)."""
+    if before is None:
+        return []
+    deadline = time.monotonic() + wait
+    while True:
+        new = sorted(set(fuse_connections() or []) - set(before))
+        if not new or time.monotonic() >= deadline:
+            return new
+        time.sleep(0.05)
