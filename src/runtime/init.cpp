@@ -234,6 +234,13 @@ void run_init(const InitContext& context) {
         exec_status.write_end.reset();
         StageReport exec_failure;
         const bool exec_failed = wait_for_exec(exec_status.read_end.get(), payload, exec_failure);
+        if (!exec_failed) {
+            // Early word that the payload runs: if the sandbox is killed before the final report
+            // (a timeout), the record still says it started.
+            StageReport running;
+            running.payload_started = 1;
+            send_report(context.report_fd, running);
+        }
 
         report = supervise_payload(payload);
         report.wall_ns =

@@ -43,4 +43,14 @@ bool receive_report(int fd, StageReport& report) {
     return true;
 }
 
+bool receive_last_report(int fd, StageReport& report) {
+    bool received = false;
+    StageReport incoming;
+    while (receive_report(fd, incoming)) {
+        report = incoming;
+        received = true;
+    }
+    return received;
+}
+
 }  // namespace sqbox

@@ -22,6 +22,11 @@ struct StageReport {
     char error[1024] = {};  // sqbox's own failure message (already printed), or empty
 
     void set_error(const std::string& message);
+    // Init's early word that the payload runs (not how it ended).
+    [[nodiscard]] bool only_started() const {
+        return payload_started != 0 && payload_finished == 0 && exit_status == 0 &&
+               error[0] == '\0';
+    }
     [[nodiscard]] std::string error_message() const;
 };
 
@@ -29,6 +34,9 @@ struct StageReport {
 void send_report(int fd, const StageReport& report);
 // Reads a complete report; returns false if the writer died without sending one.
 bool receive_report(int fd, StageReport& report);
+// Reads reports until EOF and keeps the last: init sends an early one when the payload has
+// started, so a sandbox killed later (timeout) still tells that it ran.
+bool receive_last_report(int fd, StageReport& report);
 
 // How every stage fails: prints "sqbox: <message>", reports `exit_status` and the message on `fd`,
 // and exits with `exit_status`.

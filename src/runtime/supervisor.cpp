@@ -129,7 +129,8 @@ void run_supervisor(const SupervisorContext& context) {
         }
 
         StageReport report;
-        const bool reported = receive_report(init_report.read_end.get(), report);
+        const bool reported =
+            receive_last_report(init_report.read_end.get(), report) && !report.only_started();
         if (timed_out && !(reported && report.payload_finished)) {
             report.timed_out = 1;
             report.exit_status = kExitTimeout;

@@ -133,9 +133,12 @@ class WarmSupervisor {
 
     void finish(uint64_t key, RunningSandbox& sandbox) {
         StageReport report;
-        const bool reported = receive_report(sandbox.report.get(), report);
+        const bool received = receive_last_report(sandbox.report.get(), report);
+        const bool reported = received && !report.only_started();
         if (sandbox.timed_out && !(reported && report.payload_finished)) {
+            const uint8_t started = received ? report.payload_started : 0;
             report = StageReport{};
+            report.payload_started = started;
             report.timed_out = 1;
             report.exit_status = kExitTimeout;
             report.set_error("timed out; sandbox killed");

@@ -114,6 +114,15 @@ def test_json_record_for_a_signal_and_for_a_failure(sqbox, busybox_image, tmp_pa
     assert "command not found" in record["error"]
 
 
+def test_json_record_of_a_timed_out_run_says_it_started(sqbox, busybox_image, tmp_path):
+    record_path = tmp_path / "result.json"
+    result = sqbox.run(busybox_image, "sleep", "30",
+                       options=["--timeout", "0.5", "--json", str(record_path)])
+    assert result.returncode == 124
+    record = json.loads(record_path.read_text())
+    assert record["timed_out"] is True and record["started"] is True
+
+
 def test_signals_are_forwarded_to_the_payload(sqbox, python_image):
     script = ("import os, signal, sys, time\n"
               "def bye(sig, frame):\n"
