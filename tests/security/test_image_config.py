@@ -169,3 +169,32 @@ def test_image_fstab_cannot_reopen_a_read_only_root(box, busybox_rootfs, tmp_pat
     assert "done" in result.stdout, result.stderr
     assert "PLANTED" not in result.stdout
     assert result.stderr.count("Read-only file system") == 2, result.stderr
+
+
+def test_a_containers_layer_cannot_lead_sqbox_to_host_files(box, host_sentinel, tmp_path):
+    """A --rw payload writes whatever it likes into its container's persistent layer, a host
+    directory: symlinks to host files and directories, a FIFO, an unreadable directory. Listing,
+    exporting and removing the container, done as the caller outside any sandbox, must neither
+    follow them nor block on them."""
+    env = dict(os.environ, ENROOT_DATA_PATH=str(tmp_path / "data"))
+
+    def enroot(*args):
+        return subprocess.run([box.binary, "enroot", *args], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env, timeout=60)
+
+    assert enroot("create", "-n", "evil", box.busybox_image).returncode == 0
+    plant = enroot("start", "--rw", "evil", "sh", "-c",
+                   f"ln -s {host_sentinel.dir} /to-dir; ln -s {host_sentinel.file} /to-file; "
+                   "ln -s / /to-root; mkfifo /fifo; mkdir /locked; chmod 000 /locked; "
+                   f"echo {box.marker}")
+    assert plant.returncode == 0, plant.stderr
+    assert enroot("list", "-f").returncode == 0
+    image = tmp_path / "evil.sqsh"
+    exported = enroot("export", "-o", str(image), "evil")
+    assert exported.returncode == 0, exported.stderr
+    assert host_sentinel.secret.encode() not in image.read_bytes()
+    inside = box.run(str(image), "sh", "-c", "readlink /to-file; cat /to-file 2>&1; ls /to-dir")
+    assert host_sentinel.secret not in inside.stdout
+    assert inside.stdout.splitlines()[0] == str(host_sentinel.file)
+    assert enroot("remove", "-f", "evil").returncode == 0
+    assert host_sentinel.file.read_text() == host_sentinel.secret + "\n"

@@ -306,3 +306,51 @@ def test_client_fields_cannot_confuse_the_server(server):
     srv.proc.stdin.flush()
     assert srv.call({"id": "after", "op": "ping"})["ok"] is True
     assert srv.proc.poll() is None
+
+
+LIST_FDS = ("import os; print(sorted(int(fd) for fd in os.listdir('/proc/self/fd')))")
+
+
+@pytest.mark.parametrize("pool", [False, True], ids=["fresh", "pooled"])
+def test_run_payloads_hold_only_stdio(server, pool):
+    """The supervisor of a server holds every sandbox's pipes and its control socket; init
+    closes all of it before the payload exists, for fresh and for pooled sandboxes alike."""
+    srv = server(*(["--pool", "1"] if pool else []))
+    if pool:
+        time.sleep(1)  # let the pool fill, so the request lands on a pooled sandbox
+    # The listing itself opens one more descriptor (3).
+    answer = srv.call({"id": "fds", "op": "run", "code": LIST_FDS})
+    assert answer["exit_code"] == 0, answer
+    assert answer["stdout"] == "[0, 1, 2, 3]\n"
+
+
+def test_session_code_holds_only_stdio_and_its_drivers_channel(server):
+    srv = server()
+    s = open_session(srv, "s")
+    seen = execute(srv, s, """
+import os, subprocess
+child = subprocess.run(['python3', '-c', %r], capture_output=True, text=True).stdout
+sorted(int(fd) for fd in os.listdir('/proc/self/fd')), child
+""" % LIST_FDS, "fds")
+    assert seen["error"] is None, seen
+    own, child = eval(seen["value"])
+    # A program the code starts gets stdio only; the interpreter itself has the driver's channel
+    # and capture files besides (none of them reach past its own sandbox).
+    assert child == "[0, 1, 2, 3]\n"
+    assert len(own) <= 10, own
+
+
+def test_a_flood_of_output_stays_bounded_in_the_server(server):
+    """Without an output limit of its own, a run keeps 16 MiB of each stream; the rest is
+    dropped, so the server's memory does not grow with a payload's output (512 MiB of it here;
+    the answer's JSON costs a constant multiple of the 16 MiB kept)."""
+    srv = server()
+    answer = srv.call({"id": "flood", "op": "run",
+                       "command": ["sh", "-c", "head -c 536870912 /dev/zero | tr '\\\\0' x"]},
+                      timeout=120)
+    assert answer["exit_code"] == 0, answer["stderr"]
+    assert answer["stdout_truncated"] is True
+    assert len(answer["stdout"]) == 16 * 1024 * 1024
+    with open(f"/proc/{srv.proc.pid}/status") as status:
+        peak_kib = next(int(l.split()[1]) for l in status if l.startswith("VmHWM:"))
+    assert peak_kib < 320 * 1024, f"server peaked at {peak_kib} KiB"
