@@ -27,18 +27,14 @@ import sys
 import tempfile
 import time
 
+from cold_start import default_image
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WARMUP_ROUNDS = 3
 
 
 def die(message):
     sys.exit(f"enroot_cycle: {message}")
-
-
-def default_image():
-    out = subprocess.run([os.path.join(REPO, "images", "build"), "python"],
-                         stdout=subprocess.PIPE, check=True, text=True).stdout
-    return out.strip().splitlines()[-1]
 
 
 class Runner:

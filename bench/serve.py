@@ -18,7 +18,6 @@ import json
 import os
 import pwd
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "python"))
 import sqbox  # noqa: E402  (the client package, from the checkout)
+from cold_start import default_image, summarize  # noqa: E402  (this directory's)
 
 PAYLOAD = ["python3", "-c", "pass"]
 WARMUP = 5
@@ -35,12 +35,6 @@ WARMUP = 5
 
 def die(message):
     sys.exit(f"serve bench: {message}")
-
-
-def default_image():
-    out = subprocess.run([os.path.join(REPO, "images", "build"), "python"],
-                         stdout=subprocess.PIPE, check=True, text=True).stdout
-    return out.strip().splitlines()[-1]
 
 
 def native_argv(rootfs):
@@ -67,11 +61,6 @@ def timed_serve(box):
     if result.exit_code != 0:
         die(f"serve run failed: {result}")
     return elapsed
-
-
-def summary(values):
-    deciles = statistics.quantiles(values, n=10, method="inclusive")
-    return {"median": statistics.median(values), "p10": deciles[0], "p90": deciles[8]}
 
 
 def main():
@@ -140,8 +129,8 @@ def main():
             list(pool.map(lambda _: timed_subprocess(native), range(args.throughput)))
         native_seconds = time.perf_counter() - started
 
-    figures = {name: summary(values) for name, values in samples.items()}
-    figures["exec_round_trip_ms"] = summary(execs)
+    figures = {name: summarize(values) for name, values in samples.items()}
+    figures["exec_round_trip_ms"] = summarize(execs)
     figures["throughput"] = {"runs": args.throughput, "workers": workers,
                              "serve_per_second": args.throughput / serve_seconds,
                              "native_per_second": args.throughput / native_seconds}

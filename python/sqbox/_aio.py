@@ -211,23 +211,15 @@ class AsyncSandbox:
                 line = await stdout.readline()
                 if not line:
                     break
-                try:
-                    message = proto.decode(line)
-                except ValueError:
-                    self._note_stderr(b"sqbox client: unreadable line from server: "
-                                      + line[:200] + b"\n")
-                    continue
-                if proto.is_tool_call(message):
-                    try:
-                        call = proto.ToolCall(message)
-                    except ValueError:
-                        self._note_stderr(b"sqbox client: malformed tool call from a session\n")
-                        continue
-                    self._dispatch_tool_call(call)
-                elif "event" not in message and isinstance(message.get("id"), (str, int)):
-                    future = self._pending.pop(message.get("id"), None)
+                item = proto.classify(line)
+                if isinstance(item, proto.ToolCall):
+                    self._dispatch_tool_call(item)
+                elif isinstance(item, proto.Reply):
+                    future = self._pending.pop(item.id, None)
                     if future is not None and not future.done():
-                        future.set_result(message)
+                        future.set_result(item.message)
+                elif item is not None:
+                    self._note_stderr(item)
         except (ValueError, asyncio.LimitOverrunError) as exc:  # a line beyond MAX_LINE
             self._note_stderr(f"sqbox client: {exc}\n".encode())
         finally:

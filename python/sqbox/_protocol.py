@@ -256,6 +256,35 @@ def is_tool_call(message: Mapping[str, Any]) -> bool:
     return message.get("event") == "tool_call"
 
 
+class Reply:
+    """The answer to the request with `id`."""
+
+    __slots__ = ("id", "message")
+
+    def __init__(self, request_id: Union[str, int], message: Dict[str, Any]) -> None:
+        self.id = request_id
+        self.message = message
+
+
+def classify(line: bytes) -> Union[ToolCall, Reply, bytes, None]:
+    """What a line from the server is: a ToolCall, a Reply, a note for the log (bytes) about a
+    line that was dropped, or None for an event nobody waits for. Sessions can forge lines the
+    server passes on, so nothing here raises on bad input."""
+    try:
+        message = decode(line)
+    except ValueError:
+        return b"sqbox client: unreadable line from server: " + line[:200] + b"\n"
+    if is_tool_call(message):
+        try:
+            return ToolCall(message)
+        except ValueError:
+            return b"sqbox client: malformed tool call from a session\n"
+    request_id = message.get("id")
+    if "event" not in message and isinstance(request_id, (str, int)):
+        return Reply(request_id, message)
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # Replies
 

@@ -284,24 +284,16 @@ class Sandbox:
         """Reader thread: route replies to waiting callers and tool calls to their session."""
         try:
             for line in iter(self._proc.stdout.readline, b""):
-                try:
-                    message = proto.decode(line)
-                except ValueError:
-                    self._note_stderr(b"sqbox client: unreadable line from server: "
-                                      + line[:200] + b"\n")
-                    continue
-                if proto.is_tool_call(message):
-                    try:
-                        call = proto.ToolCall(message)
-                    except ValueError:
-                        self._note_stderr(b"sqbox client: malformed tool call from a session\n")
-                        continue
-                    self._dispatch_tool_call(call)
-                elif "event" not in message and isinstance(message.get("id"), (str, int)):
+                item = proto.classify(line)
+                if isinstance(item, proto.ToolCall):
+                    self._dispatch_tool_call(item)
+                elif isinstance(item, proto.Reply):
                     with self._lock:
-                        future = self._pending.pop(message.get("id"), None)
+                        future = self._pending.pop(item.id, None)
                     if future is not None:
-                        future.set_result(message)
+                        future.set_result(item.message)
+                elif item is not None:
+                    self._note_stderr(item)
         finally:
             self._connection_lost()
 

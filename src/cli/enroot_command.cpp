@@ -284,23 +284,9 @@ std::string read_config_file(const std::string& path) {
     return read_all(fd.get(), path);
 }
 
-// enroot substitutes ${VAR} (only that form) from the caller's environment in these files.
-std::string substitute_caller_variables(const std::string& text) {
-    static const std::regex reference(R"(\$\{([A-Za-z_][A-Za-z0-9_]*)\})");
-    std::string out;
-    auto begin = std::sregex_iterator(text.begin(), text.end(), reference);
-    size_t last = 0;
-    for (auto it = begin; it != std::sregex_iterator(); ++it) {
-        out += text.substr(last, static_cast<size_t>(it->position()) - last);
-        out += caller_variable((*it)[1]).value_or("");
-        last = static_cast<size_t>(it->position() + it->length());
-    }
-    return out + text.substr(last);
-}
-
 void add_user_config(const EnrootSettings& settings, SandboxConfig& config) {
     for (const auto& file : user_config_files(settings.config_path + "/environ.d", ".env")) {
-        add_environment_lines(substitute_caller_variables(read_config_file(file)),
+        add_environment_lines(substitute_braced_variables(read_config_file(file), caller_variable),
                               config.environment);
     }
     for (const auto& file : user_config_files(settings.config_path + "/mounts.d", ".fstab")) {
@@ -503,10 +489,10 @@ int enroot_start(const std::vector<std::string>& args, EnrootSettings settings) 
         config.persistent_layer = container->layer;
     }
 
-    static const std::regex mount_syntax(R"(^[^[:space:]]+(:[^[:space:]]+)*$)");
-    for (const auto& mount : mounts) {
-        if (!std::regex_match(mount, mount_syntax)) throw Error("Invalid argument: " + mount);
-    }
+    // Checked before anything runs; they are mounted after the configuration's own.
+    std::vector<FstabEntry> mount_entries;
+    mount_entries.reserve(mounts.size());
+    for (const auto& mount : mounts) mount_entries.push_back(parse_mount_argument(mount));
     static const std::regex env_syntax(R"(^[A-Za-z_][A-Za-z0-9_]*(=.*)?$)");
     for (const auto& variable : env) {
         if (!std::regex_match(variable, env_syntax)) throw Error("Invalid argument: " + variable);
@@ -531,7 +517,8 @@ int enroot_start(const std::vector<std::string>& args, EnrootSettings settings) 
 
     add_user_config(settings, config);
     if (conf) {
-        EnrootConfOutput output = evaluate_enroot_conf(*conf, config, command);
+        EnrootConfOutput output =
+            evaluate_enroot_conf(*conf, config, command, *config.substitution_environment);
         add_environment_lines(output.environ, config.environment);
         for (const auto& entry :
              parse_fstab(output.mounts, conf->path + " mounts()", caller_variable)) {
@@ -541,8 +528,8 @@ int enroot_start(const std::vector<std::string>& args, EnrootSettings settings) 
         }
         if (output.rc) config.rc_script = *output.rc;
     }
-    for (const auto& mount : mounts) {
-        if (auto spec = mount_spec_from_fstab(parse_mount_argument(mount), HostSources::kAllowed)) {
+    for (const auto& entry : mount_entries) {
+        if (auto spec = mount_spec_from_fstab(entry, HostSources::kAllowed)) {
             config.mounts.push_back(std::move(*spec));
         }
     }

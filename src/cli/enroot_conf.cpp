@@ -12,8 +12,6 @@
 #include "util/errors.h"
 #include "util/files.h"
 
-extern char** environ;
-
 namespace sqbox::cli {
 namespace {
 
@@ -112,8 +110,9 @@ EnrootConf read_enroot_conf(const std::string& path) {
     return conf;
 }
 
-EnrootConfOutput evaluate_enroot_conf(const EnrootConf& conf, const SandboxConfig& base,
-                                      const std::vector<std::string>& arguments) {
+EnrootConfOutput evaluate_enroot_conf(
+    const EnrootConf& conf, const SandboxConfig& base, const std::vector<std::string>& arguments,
+    const std::vector<std::pair<std::string, std::string>>& caller_environment) {
     EnrootConfOutput output;
     if (!conf.has_environ && !conf.has_mounts && !conf.has_rc) return output;
 
@@ -135,14 +134,7 @@ EnrootConfOutput evaluate_enroot_conf(const EnrootConf& conf, const SandboxConfi
     if (ec) config.workdir = "/";
     config.workdir_optional = true;
     // The functions see what enroot's would: the caller's environment and the command.
-    config.environment.clear();
-    for (char** entry = environ; *entry != nullptr; ++entry) {
-        std::string text = *entry;
-        size_t equals = text.find('=');
-        if (equals != std::string::npos) {
-            config.environment.emplace_back(text.substr(0, equals), text.substr(equals + 1));
-        }
-    }
+    config.environment = caller_environment;
     config.environment.emplace_back("SQBOX_CONF_SCRIPT", evaluation_script(conf));
     const std::string shell = ::access("/bin/bash", X_OK) == 0 ? "/bin/bash" : "/bin/sh";
     config.command = {shell, "-c", "eval \"$SQBOX_CONF_SCRIPT\"", conf.path};

@@ -37,8 +37,10 @@ struct EnrootConfOutput {
 };
 
 // Runs the script's functions in a sandbox of the host's root (read-only, no mounts, `base`'s
-// limits and profile) and collects what they print. Throws Error if the evaluation fails.
-EnrootConfOutput evaluate_enroot_conf(const EnrootConf& conf, const SandboxConfig& base,
-                                      const std::vector<std::string>& arguments);
+// limits and profile), with `arguments` and `caller_environment`, and collects what they print.
+// Throws Error if the evaluation fails.
+EnrootConfOutput evaluate_enroot_conf(
+    const EnrootConf& conf, const SandboxConfig& base, const std::vector<std::string>& arguments,
+    const std::vector<std::pair<std::string, std::string>>& caller_environment);
 
 }  // namespace sqbox::cli

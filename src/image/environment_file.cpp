@@ -61,6 +61,26 @@ std::string substitute(std::string_view value, const VariableLookup& lookup,
 
 }  // namespace
 
+std::string substitute_braced_variables(std::string_view line, const VariableLookup& lookup) {
+    std::string out;
+    size_t i = 0;
+    while (i < line.size()) {
+        if (line[i] == '$' && i + 1 < line.size() && line[i + 1] == '{') {
+            size_t close = line.find('}', i + 2);
+            if (close != std::string_view::npos) {
+                std::string name(line.substr(i + 2, close - i - 2));
+                if (is_valid_variable_name(name)) {
+                    if (auto value = lookup(name)) out += *value;
+                    i = close + 1;
+                    continue;
+                }
+            }
+        }
+        out += line[i++];
+    }
+    return out;
+}
+
 bool is_valid_variable_name(std::string_view name) {
     if (name.empty() || !is_name_char(name.front(), true)) return false;
     for (char c : name.substr(1)) {

@@ -22,6 +22,10 @@ using VariableLookup = std::function<std::optional<std::string>(const std::strin
 EnvironmentEntries parse_environment_file(std::string_view content, const std::string& source_name,
                                           const VariableLookup& lookup);
 
+// enroot's rule for its fstab and configuration files: only the braced form ${NAME} is a
+// reference (replaced through `lookup`, unset: empty); everything else is kept as it is.
+std::string substitute_braced_variables(std::string_view text, const VariableLookup& lookup);
+
 // True for a valid variable name ([A-Za-z_][A-Za-z0-9_]*).
 bool is_valid_variable_name(std::string_view name);
 

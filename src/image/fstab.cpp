@@ -52,27 +52,6 @@ std::string unescape(std::string_view field) {
     return out;
 }
 
-// enroot's rule: only the braced form ${NAME} is a reference.
-std::string substitute_braced(std::string_view line, const VariableLookup& lookup) {
-    std::string out;
-    size_t i = 0;
-    while (i < line.size()) {
-        if (line[i] == '$' && i + 1 < line.size() && line[i + 1] == '{') {
-            size_t close = line.find('}', i + 2);
-            if (close != std::string_view::npos) {
-                std::string name(line.substr(i + 2, close - i - 2));
-                if (is_valid_variable_name(name)) {
-                    if (auto value = lookup(name)) out += *value;
-                    i = close + 1;
-                    continue;
-                }
-            }
-        }
-        out += line[i++];
-    }
-    return out;
-}
-
 int parse_number_field(std::string_view field) {
     int value = 0;
     // Like getmntent's sscanf("%d"): anything that is not a number counts as 0.
@@ -161,7 +140,7 @@ std::vector<FstabEntry> parse_fstab(std::string_view content, const std::string&
         content.remove_prefix(newline == std::string_view::npos ? content.size() : newline + 1);
         ++line_number;
 
-        std::string line = substitute_braced(raw, lookup);
+        std::string line = substitute_braced_variables(raw, lookup);
         size_t first = line.find_first_not_of(" \t\r");
         if (first == std::string::npos || line[first] == '#') continue;
         std::vector<std::string> fields;

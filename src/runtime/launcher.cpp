@@ -227,12 +227,7 @@ RunResult run_sandbox(const SandboxConfig& config) {
         SandboxCgroup* cgroup_ptr = cgroup ? &*cgroup : nullptr;
         SandboxPlan plan = make_plan(config, cgroup_ptr);
         Pipe report_pipe = make_pipe("supervisor report");
-        int channel_pair[2];
-        if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, channel_pair) != 0) {
-            throw system_error("socketpair");
-        }
-        UniqueFd channel(channel_pair[0]);
-        UniqueFd init_channel(channel_pair[1]);
+        auto [channel, init_channel] = make_message_channel("the sandbox's channel");
         plan.channel_fd = init_channel.get();
         StdioRelay relay(config.output_limit_bytes, config.tty, channel.get());
         std::optional<ScopedIgnoreSigpipe> ignore_sigpipe;

@@ -37,18 +37,7 @@ std::string read_image_fstab(int root_fd) {
         if (errno == ENOENT || errno == ENOTDIR) return {};
         throw system_error("cannot open the image's /etc/fstab");
     }
-    struct stat info {};
-    if (::fstat(fd.get(), &info) != 0) throw system_error("stat of the image's /etc/fstab");
-    if (!S_ISREG(info.st_mode)) throw Error("the image's /etc/fstab is not a regular file");
-    std::string content(kMaxFstabBytes + 1, '\0');
-    ssize_t n = read_full(fd.get(), content.data(), content.size());
-    if (n < 0) throw system_error("cannot read the image's /etc/fstab");
-    if (static_cast<size_t>(n) > kMaxFstabBytes) {
-        throw Error("the image's /etc/fstab is larger than " +
-                    std::to_string(kMaxFstabBytes / 1024) + " KiB");
-    }
-    content.resize(static_cast<size_t>(n));
-    return content;
+    return read_bounded_regular_file(fd.get(), kMaxFstabBytes, "the image's /etc/fstab");
 }
 
 VariableLookup fstab_lookup(const SandboxConfig& config) {

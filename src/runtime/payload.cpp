@@ -62,19 +62,8 @@ std::string read_image_environment() {
         if (errno == ENOENT || errno == ELOOP) return {};
         throw system_error("cannot open the image's /etc/environment");
     }
-    struct stat info {};
-    if (::fstat(fd.get(), &info) != 0) throw system_error("stat of the image's /etc/environment");
-    if (!S_ISREG(info.st_mode)) throw Error("the image's /etc/environment is not a regular file");
-    // One byte more than allowed: reading it means the file is too large.
-    std::string content(kMaxEnvironmentFileBytes + 1, '\0');
-    ssize_t n = read_full(fd.get(), content.data(), content.size());
-    if (n < 0) throw system_error("cannot read the image's /etc/environment");
-    if (static_cast<size_t>(n) > kMaxEnvironmentFileBytes) {
-        throw Error("the image's /etc/environment is larger than " +
-                    std::to_string(kMaxEnvironmentFileBytes / 1024) + " KiB");
-    }
-    content.resize(static_cast<size_t>(n));
-    return content;
+    return read_bounded_regular_file(fd.get(), kMaxEnvironmentFileBytes,
+                                     "the image's /etc/environment");
 }
 
 }  // namespace

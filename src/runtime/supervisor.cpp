@@ -26,10 +26,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The cgroup namespace comes later: init creates it once it is in the sandbox's cgroup.
-constexpr unsigned long kSandboxNamespaces =
-    CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNS;
-
 std::string format_seconds(double seconds) {
     char buffer[32];
     (void)std::snprintf(buffer, sizeof buffer, "%g", seconds);
@@ -37,6 +33,43 @@ std::string format_seconds(double seconds) {
 }
 
 }  // namespace
+
+IdMapping map_ids_and_seal(const SandboxConfig& config) {
+    const IdMapping ids{config.map_root ? 0 : config.outside_uid,
+                        config.map_root ? 0 : config.outside_gid, config.outside_uid,
+                        config.outside_gid};
+    write_own_id_maps(ids);
+    // Not dumpable (only now: it makes /proc/self/uid_map root-owned): nothing at the caller's
+    // uid may ptrace the supervisor or open its /proc/<pid>/mem, fd, ...
+    if (::prctl(PR_SET_DUMPABLE, 0) != 0) throw system_error("prctl(PR_SET_DUMPABLE)");
+    return ids;
+}
+
+ChildProcess mount_image_and_serve(const ImageSource& image, const IdMapping& ids,
+                                   const std::vector<int>& close_in_server) {
+    UniqueFd fuse;
+    if (image.kind == ImageSource::Kind::kSquashfs) {
+        fuse.reset(::open("/dev/fuse", O_RDWR | O_CLOEXEC));
+        if (!fuse) throw system_error("cannot open /dev/fuse");
+    }
+    enter_scratch_root();
+    mount_image(image, fuse.get(), ids);
+    if (image.kind != ImageSource::Kind::kSquashfs) return {};
+
+    const pid_t self = ::getpid();
+    pid_t pid = ::fork();
+    if (pid < 0) throw system_error("cannot start the image server");
+    if (pid == 0) {
+        die_with_parent(self);
+        for (int fd : close_in_server) {
+            if (fd >= 0) (void)::close(fd);
+        }
+        int status =
+            serve_squashfs(image.squashfs.get(), fuse.get(), {ids.inside_uid, ids.inside_gid});
+        ::_exit(status == 0 ? 0 : kExitSqboxFailure);
+    }
+    return ChildProcess(pid);  // `fuse` closes here: the server holds the connection now
+}
 
 void run_supervisor(const SupervisorContext& context) {
     const SandboxPlan& plan = *context.plan;
@@ -53,37 +86,9 @@ void run_supervisor(const SupervisorContext& context) {
         }
         close_fds_except(keep);
 
-        const IdMapping ids{config.map_root ? 0 : config.outside_uid,
-                            config.map_root ? 0 : config.outside_gid, config.outside_uid,
-                            config.outside_gid};
-        write_own_id_maps(ids);
-        // Not dumpable (only now: it makes /proc/self/uid_map root-owned): nothing at the
-        // caller's uid may ptrace the supervisor or open its /proc/<pid>/mem, fd, ...
-        if (::prctl(PR_SET_DUMPABLE, 0) != 0) throw system_error("prctl(PR_SET_DUMPABLE)");
-        UniqueFd fuse;
-        if (image.kind == ImageSource::Kind::kSquashfs) {
-            fuse.reset(::open("/dev/fuse", O_RDWR | O_CLOEXEC));
-            if (!fuse) throw system_error("cannot open /dev/fuse");
-        }
-        enter_scratch_root();
-        mount_image(image, fuse.get(), ids);
-
-        ChildProcess server;
-        if (image.kind == ImageSource::Kind::kSquashfs) {
-            const pid_t self = ::getpid();
-            pid_t pid = ::fork();
-            if (pid < 0) throw system_error("cannot start the image server");
-            if (pid == 0) {
-                die_with_parent(self);
-                (void)::close(context.report_fd);
-                (void)::close(plan.channel_fd);
-                int status = serve_squashfs(image.squashfs.get(), fuse.get(),
-                                            {ids.inside_uid, ids.inside_gid});
-                ::_exit(status == 0 ? 0 : kExitSqboxFailure);
-            }
-            server = ChildProcess(pid);
-            fuse.reset();  // the server holds the connection now
-        }
+        const IdMapping ids = map_ids_and_seal(config);
+        ChildProcess server =
+            mount_image_and_serve(image, ids, {context.report_fd, plan.channel_fd});
 
         Pipe init_report = make_pipe("init report");
         Pipe lifeline = make_pipe("lifeline");

@@ -1,12 +1,32 @@
 // The sandbox's supervisor: root of a new user namespace, owner of the image mount.
 #pragma once
 
+#include <sched.h>
 #include <sys/types.h>
 
+#include <vector>
+
 #include "image/image_source.h"
+#include "runtime/process.h"
 #include "runtime/sandbox_plan.h"
+#include "runtime/user_namespace.h"
 
 namespace sqbox {
+
+// The namespaces init is cloned into. The cgroup namespace comes later: init creates it once it
+// is in the sandbox's cgroup.
+inline constexpr unsigned long kSandboxNamespaces =
+    CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNS;
+
+// Both supervisors (`sqbox run`'s and `sqbox serve`'s), first thing in their new user namespace:
+// maps the caller's ids as `config` asks, then stops being dumpable.
+IdMapping map_ids_and_seal(const SandboxConfig& config);
+
+// Both supervisors: moves to the private scratch root, mounts `image` at /image and, for a
+// squashfs image, forks the FUSE server that serves it (closing `close_in_server` there).
+// Returns the server; no process for a directory image.
+ChildProcess mount_image_and_serve(const ImageSource& image, const IdMapping& ids,
+                                   const std::vector<int>& close_in_server);
 
 struct SupervisorContext {
     const SandboxPlan* plan = nullptr;

@@ -36,7 +36,6 @@
 #include "util/errors.h"
 #include "util/fd_passing.h"
 #include "util/files.h"
-#include "util/sizes.h"
 
 namespace sqbox {
 namespace {
@@ -57,8 +56,11 @@ constexpr auto kInterruptGrace = std::chrono::seconds(2);
 constexpr double kMaxTimeoutSeconds = 7 * 24 * 3600;
 constexpr size_t kReadChunk = size_t{256} * 1024;
 
+// Answers can carry 16 MiB of output: built in place, never copied on the way out.
 std::string dump_line(const json& message) {
-    return message.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+    std::string line = message.dump(-1, ' ', false, json::error_handler_t::replace);
+    line += '\n';
+    return line;
 }
 
 // Deeper JSON is refused while parsing: copying or printing it would recurse off the stack.
@@ -148,7 +150,7 @@ struct Session {
     int client = -1;
     uint64_t job = 0;
     State state = State::kStarting;
-    json open_settings;  // the session_open request, for reset
+    RequestSettings settings;  // its sandbox's, from session_open (reset starts the same again)
     std::deque<json> queue;
     json current;  // the request the driver is serving, null when idle
     bool current_internal = false;
@@ -214,12 +216,8 @@ class Server {
         context.plan_template.seccomp = prepare_seccomp(options_.base.seccomp_profile);
         context.plan_template.landlock_abi = landlock_abi_version();
         context.driver_source = std::string(session_driver_source());
-        int pair[2];
-        if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) {
-            throw system_error("socketpair");
-        }
-        control_.reset(pair[0]);
-        UniqueFd supervisor_end(pair[1]);
+        auto [control, supervisor_end] = make_message_channel("the supervisor's channel");
+        control_ = std::move(control);
         context.control_fd = supervisor_end.get();
         context.server_pid = ::getpid();
         pid_t pid = clone_process(CLONE_NEWUSER | CLONE_NEWNS, "the sandbox's user namespace");
@@ -420,7 +418,12 @@ class Server {
     void respond(int client_id, const json& message) {
         auto it = clients_.find(client_id);
         if (it == clients_.end() || it->second.broken) return;
-        it->second.out += dump_line(message);
+        std::string& out = it->second.out;
+        if (out.empty()) {
+            out = dump_line(message);
+        } else {
+            out += dump_line(message);
+        }
         flush_client(client_id);
     }
 
@@ -853,32 +856,13 @@ class Server {
     }
 
     void open_session(int client_id, const json& request) {
-        // Validate before anything exists.
-        (void)settings_from_request(request, options_.base, true);
-        const std::string id = "s" + std::to_string(next_session_++);
-        Session& session = sessions_[id];
-        session.id = id;
-        session.client = client_id;
-        session.open_settings = request;
-        if (request.contains("tools")) {
-            session.tools = request.at("tools").get<std::vector<std::string>>();
-        }
-        if (request.contains("output_limit")) {
-            session.output_limit =
-                parse_size(request.at("output_limit").is_string()
-                               ? request.at("output_limit").get<std::string>()
-                               : std::to_string(request.at("output_limit").get<uint64_t>()),
-                           "output_limit", true);
-        }
-        session.answer_when_ready.push_back(request.value("id", json(nullptr)));
-        start_session_sandbox(session);
-    }
-
-    void start_session_sandbox(Session& session) {
-        RequestSettings settings =
-            settings_from_request(session.open_settings, options_.base, true);
-        settings.config.command = {"python3", kDriverPathInSandbox};
-        settings.config.timeout_seconds.reset();
+        // Everything is checked before the session exists.
+        RequestSettings settings = settings_from_request(request, options_.base, true);
+        std::vector<std::string> tools;
+        if (request.contains("tools")) tools = request.at("tools").get<std::vector<std::string>>();
+        SandboxConfig& config = settings.config;
+        config.command = {"python3", kDriverPathInSandbox};
+        config.timeout_seconds.reset();
         MountSpec driver;
         driver.kind = MountSpec::Kind::kBind;
         driver.source_in = MountSpec::SourceIn::kSupervisor;
@@ -888,8 +872,21 @@ class Server {
         driver.recursive = false;
         driver.create = MountSpec::Create::kFile;
         driver.origin = "the session driver";
-        settings.config.mounts.push_back(driver);
-        Job& job = new_job(session.client, std::move(settings));
+        config.mounts.push_back(driver);
+
+        const std::string id = "s" + std::to_string(next_session_++);
+        Session& session = sessions_[id];
+        session.id = id;
+        session.client = client_id;
+        session.tools = std::move(tools);
+        session.output_limit = config.output_limit_bytes.value_or(kDefaultExecOutputLimit);
+        session.settings = std::move(settings);
+        session.answer_when_ready.push_back(request.value("id", json(nullptr)));
+        start_session_sandbox(session);
+    }
+
+    void start_session_sandbox(Session& session) {
+        Job& job = new_job(session.client, session.settings);
         job.session = session.id;
         job.keep_stdin_open = true;
         session.job = job.key;

@@ -14,12 +14,11 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "image/squashfs_server.h"
 #include "runtime/init.h"
 #include "runtime/process.h"
-#include "runtime/rootfs.h"
 #include "runtime/signals.h"
 #include "runtime/stage_report.h"
+#include "runtime/supervisor.h"
 #include "runtime/user_namespace.h"
 #include "session/config_codec.h"
 #include "util/errors.h"
@@ -31,9 +30,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
-
-constexpr unsigned long kSandboxNamespaces =
-    CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNS;
 
 struct RunningSandbox {
     ChildProcess init;
@@ -220,12 +216,7 @@ class WarmSupervisor {
             for (size_t i = 0; i < 3; ++i) plan.stdio_fds.at(i) = fds[i + 1].get();
         }
 
-        int channel_pair[2];
-        if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, channel_pair) != 0) {
-            throw system_error("socketpair");
-        }
-        UniqueFd channel(channel_pair[0]);
-        UniqueFd init_channel(channel_pair[1]);
+        auto [channel, init_channel] = make_message_channel("the sandbox's channel");
         plan.channel_fd = init_channel.get();
         Pipe report = make_pipe("init report");
         Pipe lifeline = make_pipe("lifeline");
@@ -263,32 +254,6 @@ class WarmSupervisor {
     std::map<uint64_t, RunningSandbox> sandboxes_;
 };
 
-// Everything up to the FUSE server, as the one-shot supervisor does it.
-ChildProcess mount_image_and_serve(const WarmSupervisorContext& context, const IdMapping& ids) {
-    const ImageSource& image = *context.image;
-    UniqueFd fuse;
-    if (image.kind == ImageSource::Kind::kSquashfs) {
-        fuse.reset(::open("/dev/fuse", O_RDWR | O_CLOEXEC));
-        if (!fuse) throw system_error("cannot open /dev/fuse");
-    }
-    enter_scratch_root();
-    mount_image(image, fuse.get(), ids);
-    if (::mkdir("/session", 0755) != 0) throw system_error("cannot create /session");
-    write_file_at(AT_FDCWD, kDriverPathInScratch, context.driver_source, O_EXCL | O_NOFOLLOW, 0644);
-    if (image.kind != ImageSource::Kind::kSquashfs) return {};
-    const pid_t self = ::getpid();
-    pid_t pid = ::fork();
-    if (pid < 0) throw system_error("cannot start the image server");
-    if (pid == 0) {
-        die_with_parent(self);
-        (void)::close(context.control_fd);
-        int status =
-            serve_squashfs(image.squashfs.get(), fuse.get(), {ids.inside_uid, ids.inside_gid});
-        ::_exit(status == 0 ? 0 : kExitSqboxFailure);
-    }
-    return ChildProcess(pid);
-}
-
 }  // namespace
 
 void run_warm_supervisor(const WarmSupervisorContext& context) {
@@ -304,12 +269,11 @@ void run_warm_supervisor(const WarmSupervisorContext& context) {
         }
         null.reset();
         close_fds_except({context.image->file.get(), context.control_fd});
-        const IdMapping ids{base.map_root ? 0 : base.outside_uid,
-                            base.map_root ? 0 : base.outside_gid, base.outside_uid,
-                            base.outside_gid};
-        write_own_id_maps(ids);
-        if (::prctl(PR_SET_DUMPABLE, 0) != 0) throw system_error("prctl(PR_SET_DUMPABLE)");
-        ChildProcess server = mount_image_and_serve(context, ids);
+        const IdMapping ids = map_ids_and_seal(base);
+        ChildProcess server = mount_image_and_serve(*context.image, ids, {context.control_fd});
+        if (::mkdir("/session", 0755) != 0) throw system_error("cannot create /session");
+        write_file_at(AT_FDCWD, kDriverPathInScratch, context.driver_source, O_EXCL | O_NOFOLLOW,
+                      0644);
         send_fd_message(context.control_fd, 'w', "", {}, "cannot tell the server we are ready");
         WarmSupervisor(context, ids).serve(std::move(server));
     } catch (const Error& e) {

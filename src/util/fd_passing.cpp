@@ -10,9 +10,17 @@ namespace sqbox {
 namespace {
 
 // Messages stay well below a socket's default buffer; anything bigger travels in a memfd.
-constexpr size_t kMaxText = 64 * 1024;
+constexpr size_t kMaxText = size_t{64} * 1024;
 
 }  // namespace
+
+std::pair<UniqueFd, UniqueFd> make_message_channel(const std::string& purpose) {
+    int pair[2];
+    if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) {
+        throw system_error("cannot create " + purpose);
+    }
+    return {UniqueFd(pair[0]), UniqueFd(pair[1])};
+}
 
 void send_fd_message(int socket_fd, char tag, std::string_view text, const std::vector<int>& fds,
                      const std::string& what) {

@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "util/unique_fd.h"
@@ -19,6 +20,9 @@ struct FdMessage {
     std::string text;
     std::vector<UniqueFd> fds;
 };
+
+// A connected pair of SOCK_SEQPACKET sockets (close-on-exec) for such messages.
+std::pair<UniqueFd, UniqueFd> make_message_channel(const std::string& purpose);
 
 // Sends one message; throws Error naming `what` on failure.
 void send_fd_message(int socket_fd, char tag, std::string_view text, const std::vector<int>& fds,

@@ -1,6 +1,7 @@
 #include "util/files.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -46,6 +47,21 @@ void write_file_at(int dir_fd, const std::string& path, std::string_view content
     if (!write_all(fd.get(), content.data(), content.size())) {
         throw system_error("cannot write " + path);
     }
+}
+
+std::string read_bounded_regular_file(int fd, size_t max_bytes, const std::string& what) {
+    struct stat info {};
+    if (::fstat(fd, &info) != 0) throw system_error("stat of " + what);
+    if (!S_ISREG(info.st_mode)) throw Error(what + " is not a regular file");
+    // One byte more than allowed: reading it means the file is too large.
+    std::string content(max_bytes + 1, '\0');
+    ssize_t n = read_full(fd, content.data(), content.size());
+    if (n < 0) throw system_error("cannot read " + what);
+    if (static_cast<size_t>(n) > max_bytes) {
+        throw Error(what + " is larger than " + std::to_string(max_bytes / 1024) + " KiB");
+    }
+    content.resize(static_cast<size_t>(n));
+    return content;
 }
 
 std::string read_all(int fd, const std::string& what) {

@@ -19,6 +19,11 @@ ssize_t read_full(int fd, void* data, size_t size);
 void write_file_at(int dir_fd, const std::string& path, std::string_view content, int flags = 0,
                    mode_t mode = 0644);
 
+// Reads `fd`, which must be a regular file of at most `max_bytes` (an image's small config
+// files: a FIFO would block, a device or a huge file would cost without bound). Throws Error
+// naming `what` otherwise.
+std::string read_bounded_regular_file(int fd, size_t max_bytes, const std::string& what);
+
 // Reads everything from `fd` to EOF; throws Error naming `what` on failure.
 std::string read_all(int fd, const std::string& what);
 
