@@ -185,6 +185,23 @@ UniqueFd ContainerStore::lock_store() const {
     return fd;
 }
 
+namespace {
+
+// Deletes a trash directory unless another process is already deleting it: each deleter holds an
+// exclusive flock on the directory, so a remove and a concurrent sweep of leftovers never tear
+// down the same tree at once (and fail on each other's half-deleted entries).
+void delete_trash(const std::string& path) {
+    UniqueFd directory(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (directory && ::flock(directory.get(), LOCK_EX | LOCK_NB) != 0) {
+        if (errno == EWOULDBLOCK) return;  // being deleted by its owner, or by another sweep
+        throw system_error("cannot lock " + path);
+    }
+    if (!directory && errno == ENOENT) return;
+    remove_tree(path);  // holding the lock; unopenable (mode 000), remove_tree fixes that
+}
+
+}  // namespace
+
 void ContainerStore::sweep_trash() const {
     for (const auto& name : [&] {
              std::vector<std::string> trash;
@@ -199,7 +216,7 @@ void ContainerStore::sweep_trash() const {
          }()) {
         // Leftovers of another remove: a failure here is not this command's.
         try {
-            remove_tree(data_path_ + "/" + name);
+            delete_trash(data_path_ + "/" + name);
         } catch (const Error& e) {
             print_error(std::string("warning: ") + e.what());
         }
@@ -251,7 +268,7 @@ void ContainerStore::create(const std::string& name, const std::string& image, b
             throw system_error("cannot create " + target, err);
         }
     }
-    if (!trash.empty()) remove_tree(trash);
+    if (!trash.empty()) delete_trash(trash);
 }
 
 void ContainerStore::remove(const std::string& name) {
@@ -270,7 +287,7 @@ void ContainerStore::remove(const std::string& name) {
     }
     // Outside the lock: deleting a large layer must not hold up other containers. Trash that an
     // interrupted remove left behind goes too.
-    remove_tree(trash);
+    delete_trash(trash);
     sweep_trash();
 }
 

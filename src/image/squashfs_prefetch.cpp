@@ -11,8 +11,6 @@
 #include <unordered_set>
 #include <vector>
 
-#include "util/errors.h"
-
 namespace sqbox {
 namespace {
 
@@ -42,6 +40,7 @@ struct SquashfsPrefetcher::State {
     std::unordered_set<fuse_ino_t> queued;
     uint64_t budget_left = 0;
     bool stopping = false;
+    int image_fd = -1;
 
     ~State() { sqfs_destroy(&fs); }
 
@@ -63,6 +62,14 @@ struct SquashfsPrefetcher::State {
         // machine the serving thread and the payloads go first. Not SCHED_IDLE: measured, the
         // worker then rarely runs before the payload asks for the data itself.
         (void)setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWorkerNice);
+        // Opened here, not in the constructor, so the serving thread answers the kernel's first
+        // requests without waiting for it. Unreadable, the worker gives up: reads still work.
+        if (sqfs_init(&fs, image_fd, 0) != SQFS_OK) {
+            std::lock_guard lock(mutex);
+            budget_left = 0;  // nothing more gets queued
+            jobs.clear();
+            return;
+        }
         std::vector<char> buffer(kChunkBytes);
         for (;;) {
             Job job;
@@ -103,9 +110,7 @@ struct SquashfsPrefetcher::State {
 
 SquashfsPrefetcher::SquashfsPrefetcher(int image_fd, fuse_session* session, PrefetchLimits limits)
     : state_(std::make_shared<State>()) {
-    if (sqfs_init(&state_->fs, image_fd, 0) != SQFS_OK) {
-        throw Error("cannot open a second view of the image for prefetching");
-    }
+    state_->image_fd = image_fd;
     state_->session = session;
     state_->limits = limits;
     state_->budget_left = limits.total_bytes;

@@ -32,9 +32,9 @@ struct PrefetchLimits {
 
 class SquashfsPrefetcher {
   public:
-    // Starts the worker thread, with its own view of the image on `image_fd` (libsquashfuse's
-    // caches are not thread-safe, so the serving thread and the worker never share them). Throws
-    // on an unreadable image.
+    // Starts the worker thread, which opens its own view of the image on `image_fd`
+    // (libsquashfuse's caches are not thread-safe, so the serving thread and the worker never
+    // share them). `image_fd` must stay open for the life of the process.
     SquashfsPrefetcher(int image_fd, fuse_session* session, PrefetchLimits limits);
     // Tells the worker to stop and lets it finish on its own: it may be waiting for the kernel to
     // unlock a page, which only an answer of the serving thread or the end of the connection does.

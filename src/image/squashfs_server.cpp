@@ -8,9 +8,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <exception>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include <malloc.h>
@@ -254,8 +254,8 @@ int serve_squashfs(sqfs_ll* image, int fuse_fd, const SquashfsServerOptions& opt
         try {
             prefetcher.emplace(image->fs.fd, session, PrefetchLimits{});
             g_prefetcher = &*prefetcher;
-        } catch (const std::exception&) {
-            // Without prefetching every read is still answered, only later.
+        } catch (const std::system_error&) {
+            // No thread to be had: every read is still answered, only without prefetching.
         }
         status = run_request_loop(session, fuse_fd);
         g_prefetcher = nullptr;

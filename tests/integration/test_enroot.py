@@ -2,6 +2,7 @@
 
 Everything runs the real binary through a symlink named `enroot` on PATH, as a harness would.
 """
+import fcntl
 import os
 import shutil
 import subprocess
@@ -448,6 +449,30 @@ def test_concurrent_create_start_remove_keep_the_store_consistent(enroot, busybo
     # No half-made containers, no trash left behind.
     leftovers = [name for name in enroot.store_entries() if name != ".sqbox-store.lock"]
     assert leftovers in ([], ["shared"])
+
+
+def test_leftover_trash_is_swept_but_not_while_another_remove_deletes_it(enroot, busybox_image):
+    # A remove deletes its container's tree outside the store lock, holding a flock on it; a
+    # concurrent remove sweeping leftovers must leave that tree alone (deleting it at the same
+    # time made one of them fail on the other's half-deleted entries), then sweep it once free.
+    assert enroot("create", "-n", "first", busybox_image).returncode == 0
+    assert enroot("create", "-n", "second", busybox_image).returncode == 0
+    trash = enroot.data / ".sqbox-trash-0000beef"
+    (trash / "upper" / "deep").mkdir(parents=True)
+    (trash / "upper" / "deep" / "file").write_text("x")
+    held = os.open(trash, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        result = enroot("remove", "-f", "first")
+        assert result.returncode == 0, result.stderr
+        assert (trash / "upper" / "deep" / "file").exists()
+        fcntl.flock(held, fcntl.LOCK_UN)
+        result = enroot("remove", "-f", "second")
+        assert result.returncode == 0, result.stderr
+        assert not trash.exists()
+    finally:
+        os.close(held)
+    assert enroot.store_entries() == [".sqbox-store.lock"]
 
 
 def test_user_configuration_directory_is_applied(enroot, busybox_image, tmp_path):
