@@ -11,6 +11,8 @@
 #include <unordered_set>
 #include <vector>
 
+#include "image/squashfs_extents.h"
+
 namespace sqbox {
 namespace {
 
@@ -41,6 +43,8 @@ struct SquashfsPrefetcher::State {
     uint64_t budget_left = 0;
     bool stopping = false;
     int image_fd = -1;
+    std::vector<ImageExtent> extents;  // scratch space of push_chunk
+    std::vector<char> storage;
 
     ~State() { sqfs_destroy(&fs); }
 
@@ -89,21 +93,30 @@ struct SquashfsPrefetcher::State {
 
     // Pushes the next chunk of `job`; true if the job has more to do.
     bool push_chunk(Job& job, std::vector<char>& buffer) {
-        auto length =
-            static_cast<sqfs_off_t>(std::min<uint64_t>(kChunkBytes, job.end - job.offset));
-        if (sqfs_read_range(&fs, &job.inode, static_cast<sqfs_off_t>(job.offset), &length,
-                            buffer.data()) != SQFS_OK ||
-            length <= 0) {
-            return false;  // the serving thread reports broken images; here it just stops
+        const uint64_t length = std::min<uint64_t>(kChunkBytes, job.end - job.offset);
+        const auto offset = static_cast<off_t>(job.offset);
+        int status = 0;
+        if (find_stored_extents(&fs, &job.inode, job.offset, length, extents)) {
+            // Stored blocks: the kernel gets the image's own pages (spliced when it allows).
+            status = fuse_lowlevel_notify_store(session, job.ino, offset,
+                                                image_extents_bufvec(fs.fd, extents, storage),
+                                                FUSE_BUF_SPLICE_NONBLOCK);
+        } else {
+            auto got = static_cast<sqfs_off_t>(length);
+            if (sqfs_read_range(&fs, &job.inode, offset, &got, buffer.data()) != SQFS_OK ||
+                got <= 0) {
+                return false;  // the serving thread reports broken images; here it just stops
+            }
+            fuse_bufvec data = FUSE_BUFVEC_INIT(static_cast<size_t>(got));
+            data.buf[0].mem = buffer.data();
+            // From memory a plain write is one copy; splicing would add a copy into a pipe.
+            status =
+                fuse_lowlevel_notify_store(session, job.ino, offset, &data, FUSE_BUF_NO_SPLICE);
         }
-        fuse_bufvec data = FUSE_BUFVEC_INIT(static_cast<size_t>(length));
-        data.buf[0].mem = buffer.data();
-        int status = fuse_lowlevel_notify_store(session, job.ino, static_cast<off_t>(job.offset),
-                                                &data, FUSE_BUF_SPLICE_NONBLOCK);
         // A failure (the kernel forgot the inode, the connection ended) just ends the job: the
         // kernel sends read requests for whatever it lacks.
         if (status != 0) return false;
-        job.offset += static_cast<uint64_t>(length);
+        job.offset += length;
         return job.offset < job.end;
     }
 };
