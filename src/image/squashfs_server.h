@@ -16,7 +16,8 @@ struct SquashfsServerOptions {
 };
 
 // Serves FUSE requests arriving on `fuse_fd` (an open /dev/fuse already mounted) from the image
-// loaded in `image` until the connection goes away. Single-threaded. Returns the libfuse status.
+// loaded in `image` until the connection goes away. Requests are answered on the calling thread;
+// a second thread prefetches (image/squashfs_prefetch.h). Returns the libfuse status.
 int serve_squashfs(sqfs_ll* image, int fuse_fd, const SquashfsServerOptions& options);
 
 }  // namespace sqbox
