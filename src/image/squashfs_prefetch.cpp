@@ -93,7 +93,7 @@ struct SquashfsPrefetcher::State {
 
     // Pushes the next chunk of `job`; true if the job has more to do.
     bool push_chunk(Job& job, std::vector<char>& buffer) {
-        const uint64_t length = std::min<uint64_t>(kChunkBytes, job.end - job.offset);
+        uint64_t length = std::min<uint64_t>(kChunkBytes, job.end - job.offset);
         const auto offset = static_cast<off_t>(job.offset);
         int status = 0;
         if (find_stored_extents(&fs, &job.inode, job.offset, length, extents)) {
@@ -107,7 +107,8 @@ struct SquashfsPrefetcher::State {
                 got <= 0) {
                 return false;  // the serving thread reports broken images; here it just stops
             }
-            fuse_bufvec data = FUSE_BUFVEC_INIT(static_cast<size_t>(got));
+            length = static_cast<uint64_t>(got);
+            fuse_bufvec data = FUSE_BUFVEC_INIT(length);
             data.buf[0].mem = buffer.data();
             // From memory a plain write is one copy; splicing would add a copy into a pipe.
             status =
