@@ -18,7 +18,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr size_t kBlock = 128 * 1024;
+constexpr size_t kBlock = size_t{128} << 10;
 
 bool have_mksquashfs() {
     return std::system("mksquashfs -version >/dev/null 2>&1") == 0;
