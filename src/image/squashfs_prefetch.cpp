@@ -1,5 +1,6 @@
 #include "image/squashfs_prefetch.h"
 
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -8,126 +9,94 @@
 #include <deque>
 #include <mutex>
 #include <thread>
-#include <unordered_set>
+#include <utility>
 #include <vector>
 
-#include "image/squashfs_extents.h"
+#include "util/unique_fd.h"
 
 namespace sqbox {
 namespace {
 
-// One FUSE read's worth (the kernel's readahead unit on a FUSE mount): a file is never locked up
-// by the worker for longer than one chunk takes.
+// One FUSE read's worth (the kernel's readahead unit on a FUSE mount). Files are read ahead a
+// chunk at a time, round robin, so a small file opened after a large one does not wait for all
+// of the large one.
 constexpr uint64_t kChunkBytes = uint64_t{128} << 10;
 
+// Files being read ahead at once, each with a descriptor open; more wait their turn.
+constexpr size_t kMaxOpenFiles = 32;
+
 constexpr int kWorkerNice = 10;
+
+// The serving thread's inode number for the mount's root directory (FUSE_ROOT_ID).
+constexpr fuse_ino_t kRootInode = 1;
+
+// Names nested deeper than this are not followed back to the root (a loop would be a bug).
+constexpr int kMaxDepth = 256;
 
 }  // namespace
 
 struct SquashfsPrefetcher::State {
     struct Job {
-        fuse_ino_t ino;
-        sqfs_inode inode;
+        std::string path;
         uint64_t offset;
         uint64_t end;
+        UniqueFd file;  // opened by the worker on its first chunk
     };
 
-    sqfs fs{};
-    fuse_session* session = nullptr;
-    PrefetchLimits limits;
+    std::string mount_point;
 
     std::mutex mutex;
     std::condition_variable wake;
-    std::deque<Job> jobs;
-    std::unordered_set<fuse_ino_t> queued;
-    uint64_t budget_left = 0;
+    std::deque<Job> waiting;  // not started yet
     bool stopping = false;
-    int image_fd = -1;
-    std::vector<ImageExtent> extents;  // scratch space of push_chunk
-    std::vector<char> storage;
 
-    ~State() { sqfs_destroy(&fs); }
-
-    void enqueue(fuse_ino_t ino, const sqfs_inode& inode, uint64_t offset) {
-        const uint64_t size = inode.xtra.reg.file_size;
-        if (offset >= size) return;
+    void enqueue(std::string path, uint64_t offset, uint64_t end) {
         std::lock_guard lock(mutex);
-        if (budget_left == 0 || !queued.insert(ino).second) return;
-        const uint64_t length = std::min({size - offset, limits.per_file_bytes, budget_left});
-        budget_left -= length;
-        jobs.push_back({ino, inode, offset, offset + length});
+        waiting.push_back({std::move(path), offset, end, UniqueFd()});
         wake.notify_one();
     }
 
-    // Files are pushed one chunk at a time, round robin: a small file opened after a large one
-    // does not wait for all of the large one.
     void run() {
-        // A lower priority (raising one's own nice value needs no privilege) so that on a busy
-        // machine the serving thread and the payloads go first. Not SCHED_IDLE: measured, the
-        // worker then rarely runs before the payload asks for the data itself.
+        // A lower priority (raising one's own nice value needs no privilege): on a busy machine
+        // the serving thread and the payloads go first.
         (void)setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWorkerNice);
-        // Opened here, not in the constructor, so the serving thread answers the kernel's first
-        // requests without waiting for it. Unreadable, the worker gives up: reads still work.
-        if (sqfs_init(&fs, image_fd, 0) != SQFS_OK) {
-            std::lock_guard lock(mutex);
-            budget_left = 0;  // nothing more gets queued
-            jobs.clear();
-            return;
-        }
-        std::vector<char> buffer(kChunkBytes);
+        std::deque<Job> active;
         for (;;) {
-            Job job;
             {
                 std::unique_lock lock(mutex);
-                wake.wait(lock, [this] { return stopping || !jobs.empty(); });
+                wake.wait(lock, [&] { return stopping || !waiting.empty() || !active.empty(); });
                 if (stopping) return;
-                job = jobs.front();
-                jobs.pop_front();
+                while (active.size() < kMaxOpenFiles && !waiting.empty()) {
+                    active.push_back(std::move(waiting.front()));
+                    waiting.pop_front();
+                }
             }
-            if (push_chunk(job, buffer)) {
-                std::lock_guard lock(mutex);
-                jobs.push_back(job);
-            }
+            Job job = std::move(active.front());
+            active.pop_front();
+            if (read_ahead_chunk(job)) active.push_back(std::move(job));
         }
     }
 
-    // Pushes the next chunk of `job`; true if the job has more to do.
-    bool push_chunk(Job& job, std::vector<char>& buffer) {
-        uint64_t length = std::min<uint64_t>(kChunkBytes, job.end - job.offset);
-        const auto offset = static_cast<off_t>(job.offset);
-        int status = 0;
-        if (find_stored_extents(&fs, &job.inode, job.offset, length, extents)) {
-            // Stored blocks: the kernel gets the image's own pages (spliced when it allows).
-            status = fuse_lowlevel_notify_store(session, job.ino, offset,
-                                                image_extents_bufvec(fs.fd, extents, storage),
-                                                FUSE_BUF_SPLICE_NONBLOCK);
-        } else {
-            auto got = static_cast<sqfs_off_t>(length);
-            if (sqfs_read_range(&fs, &job.inode, offset, &got, buffer.data()) != SQFS_OK ||
-                got <= 0) {
-                return false;  // the serving thread reports broken images; here it just stops
-            }
-            length = static_cast<uint64_t>(got);
-            fuse_bufvec data = FUSE_BUFVEC_INIT(length);
-            data.buf[0].mem = buffer.data();
-            // From memory a plain write is one copy; splicing would add a copy into a pipe.
-            status =
-                fuse_lowlevel_notify_store(session, job.ino, offset, &data, FUSE_BUF_NO_SPLICE);
+    // Asks the kernel to read the next chunk of `job`; true if the job has more to do. Any
+    // failure just ends the job: the payload's own reads still work.
+    bool read_ahead_chunk(Job& job) const {
+        if (!job.file) {
+            const std::string path = mount_point + job.path;
+            job.file.reset(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY));
+            if (!job.file) return false;
         }
-        // A failure (the kernel forgot the inode, the connection ended) just ends the job: the
-        // kernel sends read requests for whatever it lacks.
-        if (status != 0) return false;
+        const uint64_t length = std::min(kChunkBytes, job.end - job.offset);
+        if (::readahead(job.file.get(), static_cast<off64_t>(job.offset), length) != 0) {
+            return false;
+        }
         job.offset += length;
         return job.offset < job.end;
     }
 };
 
-SquashfsPrefetcher::SquashfsPrefetcher(int image_fd, fuse_session* session, PrefetchLimits limits)
-    : state_(std::make_shared<State>()) {
-    state_->image_fd = image_fd;
-    state_->session = session;
-    state_->limits = limits;
-    state_->budget_left = limits.total_bytes;
+SquashfsPrefetcher::SquashfsPrefetcher(std::string mount_point, PrefetchLimits limits)
+    : limits_(limits), budget_left_(limits.total_bytes), state_(std::make_shared<State>()) {
+    state_->mount_point = std::move(mount_point);
     std::thread([state = state_] { state->run(); }).detach();
 }
 
@@ -137,8 +106,31 @@ SquashfsPrefetcher::~SquashfsPrefetcher() {
     state_->wake.notify_one();
 }
 
-void SquashfsPrefetcher::file_read(fuse_ino_t ino, const sqfs_inode& inode, uint64_t read_end) {
-    state_->enqueue(ino, inode, read_end);
+void SquashfsPrefetcher::entry_found(fuse_ino_t parent, const char* name, fuse_ino_t ino) {
+    // The first name wins for hard links: any path to the inode will do.
+    names_.try_emplace(ino, Name{parent, name});
+}
+
+std::string SquashfsPrefetcher::path_of(fuse_ino_t ino) const {
+    std::vector<const std::string*> parts;
+    for (int depth = 0; ino != kRootInode; ++depth) {
+        auto found = names_.find(ino);
+        if (found == names_.end() || depth == kMaxDepth) return "";
+        parts.push_back(&found->second.name);
+        ino = found->second.parent;
+    }
+    std::string path;
+    for (auto part = parts.rbegin(); part != parts.rend(); ++part) path += "/" + **part;
+    return path;
+}
+
+void SquashfsPrefetcher::file_read(fuse_ino_t ino, uint64_t file_size, uint64_t read_end) {
+    if (read_end >= file_size || budget_left_ == 0 || !queued_.insert(ino).second) return;
+    std::string path = path_of(ino);
+    if (path.empty()) return;
+    const uint64_t length = std::min({file_size - read_end, limits_.per_file_bytes, budget_left_});
+    budget_left_ -= length;
+    state_->enqueue(std::move(path), read_end, read_end + length);
 }
 
 }  // namespace sqbox

@@ -1,30 +1,38 @@
-// Pushes image files into the kernel's page cache ahead of the reads that will want them.
+// Reads image files ahead of the payload, through the FUSE mount itself.
 //
 // A fresh sandbox starts with an empty page cache on its FUSE mount, so every page its payload
-// touches would otherwise cost a FUSE round trip (request, wake-up of the server, reply, wake-up
-// of the payload). Most of those pages are predictable: a program that opens a file (or the
-// dynamic loader mapping a library) goes on to read more of it. A background thread therefore
-// reads the rest of each file the kernel starts reading and hands it to the kernel with
-// FUSE_NOTIFY_STORE, on another CPU, while the payload runs.
+// touches would otherwise cost a FUSE round trip in which the payload waits: request, wake-up of
+// the server, reply, wake-up of the payload. Most of those pages are predictable: a program that
+// opens a file (or the dynamic loader mapping a library) goes on to read more of it. So when the
+// kernel starts reading a file, a second thread of the server opens the same file on the mount
+// and asks the kernel to read the rest ahead (readahead(2)). The kernel sends those reads without
+// anyone waiting for them, the serving thread answers them between the payload's requests, and
+// the payload then finds the pages cached.
+//
+// Asking the kernel, rather than pushing pages in with FUSE_NOTIFY_STORE, is what keeps the server
+// killable: a store waits, unkillably, for pages locked by a read in flight, which only the
+// serving thread can answer; killed meanwhile, the server would hang on to the connection for
+// good. A readahead never waits for a locked page, and its other waits are killable.
 //
 // Only reads start a prefetch, not lookups: stat-heavy payloads (ls -l, find, pip) look up many
-// files they never open, and pushing those would only burn the CPU the payload runs on.
+// files they never open, and reading those would only take time from the payload.
 #pragma once
 
 #include <sys/types.h>
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "image/squashfuse_api.h"
 
-struct fuse_session;
-
 namespace sqbox {
 
-// Bounds on what one mount prefetches. The pages pushed are charged to the server's memory
-// cgroup (the caller's), not the sandbox's, and they are clean page cache the kernel can drop at
-// any time; the budget keeps what a payload can make the server read small all the same.
+// Bounds on what one mount reads ahead. The pages are charged to the server's memory cgroup (the
+// caller's), not the sandbox's, and they are clean page cache the kernel can drop at any time;
+// the budget keeps what a payload can make the server read small all the same.
 struct PrefetchLimits {
     uint64_t per_file_bytes = 16ull << 20;
     uint64_t total_bytes = 128ull << 20;
@@ -32,23 +40,34 @@ struct PrefetchLimits {
 
 class SquashfsPrefetcher {
   public:
-    // Starts the worker thread, which opens its own view of the image on `image_fd`
-    // (libsquashfuse's caches are not thread-safe, so the serving thread and the worker never
-    // share them). `image_fd` must stay open for the life of the process.
-    SquashfsPrefetcher(int image_fd, fuse_session* session, PrefetchLimits limits);
-    // Tells the worker to stop and lets it finish on its own: it may be waiting for the kernel to
-    // unlock a page, which only an answer of the serving thread or the end of the connection does.
+    // `mount_point`: where the image is mounted in the server's own mount namespace.
+    SquashfsPrefetcher(std::string mount_point, PrefetchLimits limits);
+    // Tells the worker to stop and lets it finish on its own (it holds no lock anyone waits for).
     ~SquashfsPrefetcher();
     SquashfsPrefetcher(const SquashfsPrefetcher&) = delete;
     SquashfsPrefetcher& operator=(const SquashfsPrefetcher&) = delete;
 
+    // Called by the serving thread for every name it found: the worker opens files by path.
+    void entry_found(fuse_ino_t parent, const char* name, fuse_ino_t ino);
     // Called by the serving thread after it answered a read of a regular file: queues the rest of
     // the file after `read_end`, once per file.
-    void file_read(fuse_ino_t ino, const sqfs_inode& inode, uint64_t read_end);
+    void file_read(fuse_ino_t ino, uint64_t file_size, uint64_t read_end);
 
     struct State;  // shared with the worker thread, which may outlive this object
 
   private:
+    // The path below the mount point of a looked-up inode, or "" when it is not known.
+    std::string path_of(fuse_ino_t ino) const;
+
+    struct Name {
+        fuse_ino_t parent;
+        std::string name;
+    };
+    // The serving thread's bookkeeping; the worker sees only the jobs it is handed.
+    std::unordered_map<fuse_ino_t, Name> names_;
+    std::unordered_set<fuse_ino_t> queued_;
+    PrefetchLimits limits_;
+    uint64_t budget_left_;
     std::shared_ptr<State> state_;
 };
 

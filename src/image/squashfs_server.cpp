@@ -94,6 +94,7 @@ void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     reply.attr.st_ino = static_cast<ino_t>(reply.ino);
     apply_owner(&reply.attr);
     fuse_reply_entry(req, &reply);
+    if (g_prefetcher != nullptr) g_prefetcher->entry_found(parent, name, reply.ino);
 }
 
 // Every FUSE request is a round trip through this process, so the server answers open and opendir
@@ -159,7 +160,7 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
         }
         fuse_reply_buf(req, buffer.data(), static_cast<size_t>(length));
     }
-    if (g_prefetcher != nullptr) g_prefetcher->file_read(ino, inode, start + wanted);
+    if (g_prefetcher != nullptr) g_prefetcher->file_read(ino, file_size, start + wanted);
 }
 
 void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
@@ -278,8 +279,10 @@ int serve_squashfs(sqfs_ll* image, int fuse_fd, const SquashfsServerOptions& opt
     std::optional<SquashfsPrefetcher> prefetcher;
     if (status == 0) {
         try {
-            prefetcher.emplace(image->fs.fd, session, PrefetchLimits{});
-            g_prefetcher = &*prefetcher;
+            if (!options.mount_point.empty()) {
+                prefetcher.emplace(options.mount_point, PrefetchLimits{});
+                g_prefetcher = &*prefetcher;
+            }
         } catch (const std::system_error&) {
             // No thread to be had: every read is still answered, only without prefetching.
         }

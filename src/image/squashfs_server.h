@@ -3,6 +3,8 @@
 
 #include <sys/types.h>
 
+#include <string>
+
 struct sqfs_ll;
 
 namespace sqbox {
@@ -13,6 +15,9 @@ namespace sqbox {
 struct SquashfsServerOptions {
     uid_t owner_uid = 0;
     gid_t owner_gid = 0;
+    // Where the image is mounted in the server's mount namespace; the prefetch thread opens files
+    // there (none without it).
+    std::string mount_point;
 };
 
 // Serves FUSE requests arriving on `fuse_fd` (an open /dev/fuse already mounted) from the image

@@ -64,8 +64,8 @@ ChildProcess mount_image_and_serve(const ImageSource& image, const IdMapping& id
         for (int fd : close_in_server) {
             if (fd >= 0) (void)::close(fd);
         }
-        int status =
-            serve_squashfs(image.squashfs.get(), fuse.get(), {ids.inside_uid, ids.inside_gid});
+        int status = serve_squashfs(image.squashfs.get(), fuse.get(),
+                                    {ids.inside_uid, ids.inside_gid, kImageDir});
         ::_exit(status == 0 ? 0 : kExitSqboxFailure);
     }
     return ChildProcess(pid);  // `fuse` closes here: the server holds the connection now

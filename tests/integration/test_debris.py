@@ -104,14 +104,44 @@ def test_after_setup_failure(sqbox, busybox_image, token, tmp_path):
     assert_clean(before, token)
 
 
+def assert_gone(pids, wait):
+    """The processes themselves, zombies included: an exiting process's cmdline reads empty, so
+    processes_with() alone would miss one that can never finish exiting."""
+    deadline = time.monotonic() + wait
+    while any(Path(f"/proc/{pid}").exists() for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [pid for pid in pids if Path(f"/proc/{pid}").exists()] == [], "processes never ended"
+
+
 def test_after_kill_9_of_sqbox(sqbox, python_image, token):
     before = Snapshot()
     proc = sqbox.popen(python_image, "sh", "-c", "sleep 1000 & echo ready; sleep 1000", token,
                        stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline() == "ready\n"
-    assert len(processes_with(token)) >= 4  # launcher, supervisor, FUSE server, init, payload
+    pids = processes_with(token)
+    assert len(pids) >= 4  # launcher, supervisor, FUSE server, init, payload
     proc.kill()
     proc.wait(timeout=10)
+    assert_gone(pids, wait=10.0)
+    assert_clean(before, token, wait=10.0)
+
+
+@pytest.mark.parametrize("delay", [0.15, 0.3, 0.6])
+def test_after_kill_9_of_sqbox_while_the_payload_reads_the_image(sqbox, python_image, token,
+                                                                  delay):
+    # Reads in flight and the image server's prefetch busy when everything is killed: neither
+    # may keep a process or the FUSE connection alive (a prefetch that waits on a page of a read
+    # in flight would, once the thread that answers reads is gone).
+    before = Snapshot()
+    proc = sqbox.popen(python_image, "sh", "-c",
+                       "echo ready; while :; do find /usr -type f -size +4k -exec cat {} + "
+                       ">/dev/null 2>&1; done", token, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"
+    time.sleep(delay)
+    pids = processes_with(token)
+    proc.kill()
+    proc.wait(timeout=10)
+    assert_gone(pids, wait=10.0)
     assert_clean(before, token, wait=10.0)
 
 

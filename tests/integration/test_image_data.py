@@ -1,10 +1,11 @@
 """Every byte a payload reads from an image is the image's.
 
-sqbox's FUSE server answers reads and, on a second thread, pushes the rest of each file into the
-kernel's page cache ahead of time (src/image/squashfs_prefetch.h). These tests read files in
-orders that race that push (tail first, pages shuffled, two readers at once, files larger than
-the prefetch limit) from images in the layouts enroot and mksquashfs produce, and compare every
-byte with the file the image was made from.
+sqbox's FUSE server answers reads, splicing stored data blocks straight from the image file, and
+a second thread has the kernel read ahead the rest of each file being read
+(src/image/squashfs_prefetch.h). These tests read files in orders that race that read-ahead (tail
+first, pages shuffled, two readers at once, files larger than the prefetch limit) from images in
+the layouts enroot and mksquashfs produce, and compare every byte with the file the image was made
+from.
 """
 import hashlib
 import random
