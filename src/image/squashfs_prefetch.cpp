@@ -33,6 +33,11 @@ constexpr fuse_ino_t kRootInode = 1;
 // Names nested deeper than this are not followed back to the root (a loop would be a bug).
 constexpr int kMaxDepth = 256;
 
+// Names remembered for finding files by path: about 100 bytes each. A payload that looks up
+// every file of a huge image (ls -lR) would otherwise grow the server without bound; past this,
+// files looked up later are simply not read ahead.
+constexpr size_t kMaxNames = size_t{1} << 16;
+
 }  // namespace
 
 struct SquashfsPrefetcher::State {
@@ -108,7 +113,7 @@ SquashfsPrefetcher::~SquashfsPrefetcher() {
 
 void SquashfsPrefetcher::entry_found(fuse_ino_t parent, const char* name, fuse_ino_t ino) {
     // The first name wins for hard links: any path to the inode will do.
-    names_.try_emplace(ino, Name{parent, name});
+    if (names_.size() < kMaxNames) names_.try_emplace(ino, Name{parent, name});
 }
 
 std::string SquashfsPrefetcher::path_of(fuse_ino_t ino) const {
