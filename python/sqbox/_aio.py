@@ -2,23 +2,17 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 import inspect
 import itertools
 import os
-from typing import Any, Callable, Deque, Dict, Iterable, List, Mapping, Optional, Sequence, Set
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Set
 
 from . import _protocol as proto
 from ._binary import PathLike, find_binary
 from ._errors import SqboxError
-from ._protocol import Command, MountSpec, Size, Stdin, ToolsArg
+from ._protocol import CLOSE_TIMEOUT, Command, MountSpec, Size, Stdin, ToolsArg
 from ._results import ExecResult, Result
-from ._sync import CLOSE_TIMEOUT, STDERR_TAIL
-
-
-def _pick(value: Any, default: Any) -> Any:
-    return default if value is None else value
 
 
 class AsyncSandbox:
@@ -36,11 +30,8 @@ class AsyncSandbox:
                  env: Optional[Mapping[str, Any]] = None, output_limit: Optional[int] = None,
                  extra_args: Sequence[str] = (), start_timeout: float = 60.0) -> None:
         self.image = os.fspath(image)
-        self._timeout = timeout
-        self._memory = memory
-        self._mounts: List[MountSpec] = list(mounts or ())
-        self._env = proto.normalize_env(env)
-        self._output_limit = output_limit
+        self._defaults = proto.Defaults(timeout=timeout, memory=memory, mounts=mounts, env=env,
+                                        output_limit=output_limit)
         self._start_timeout = start_timeout
         self._argv = proto.serve_argv(find_binary(binary), self.image,
                                       max_parallel=max_parallel, pool=pool,
@@ -55,8 +46,7 @@ class AsyncSandbox:
         self._reader: Optional["asyncio.Task[None]"] = None
         self._stderr_task: Optional["asyncio.Task[None]"] = None
         self._tool_tasks: Set["asyncio.Task[None]"] = set()
-        self._stderr_tail: Deque[bytes] = collections.deque()
-        self._stderr_size = 0
+        self._stderr = proto.StderrTail()
         self.version = ""
 
     # -- public API ---------------------------------------------------------------------------
@@ -99,10 +89,8 @@ class AsyncSandbox:
                   env: Optional[Mapping[str, Any]] = None, stdin: Stdin = None,
                   output_limit: Optional[int] = None) -> Result:
         """Run `cmd` in a fresh sandbox and return its `Result` (as `Sandbox.run`)."""
-        request = proto.run_request(
-            cmd, timeout=_pick(timeout, self._timeout), memory=_pick(memory, self._memory),
-            mounts=self._mounts + list(mounts or ()), env=proto.merge_env(self._env, env),
-            stdin=stdin, output_limit=_pick(output_limit, self._output_limit))
+        request = self._defaults.run_request(cmd, timeout=timeout, memory=memory, mounts=mounts,
+                                             env=env, stdin=stdin, output_limit=output_limit)
         return proto.result_from_reply(await self._request(request))
 
     async def session(self, *, env: Optional[Mapping[str, Any]] = None,
@@ -112,14 +100,13 @@ class AsyncSandbox:
                       output_limit: Optional[int] = None) -> "AsyncSession":
         """Open an `AsyncSession` (as `Sandbox.session`); tools may be sync or async functions."""
         functions = proto.collect_tools(tools)
-        request = proto.session_open_request(
-            env=proto.merge_env(self._env, env), mounts=self._mounts + list(mounts or ()),
-            memory=_pick(memory, self._memory),
-            output_limit=_pick(output_limit, self._output_limit), tools=list(functions))
+        request = self._defaults.session_open_request(env=env, mounts=mounts, memory=memory,
+                                                      output_limit=output_limit,
+                                                      tools=list(functions))
         reply = await self._request(request)
         proto.raise_for_reply(reply, "session_open")
         session = AsyncSession(self, str(reply["session"]), functions,
-                               _pick(timeout, self._timeout))
+                               proto.pick(timeout, self._defaults.timeout))
         self._sessions[session.id] = session
         return session
 
@@ -190,7 +177,7 @@ class AsyncSandbox:
         if self._closed:
             raise SqboxError("the sandbox is closed")
         if self._lost is not None:
-            raise SqboxError(str(self._lost.args[0]), stderr=self._lost.stderr)
+            raise proto.copy_error(self._lost)
 
     async def _send(self, line: bytes) -> None:
         assert self._proc is not None and self._write_lock is not None
@@ -233,18 +220,14 @@ class AsyncSandbox:
             pass
         if self._stderr_task is not None:
             await asyncio.wait([self._stderr_task], timeout=2)
-        if self._closed:
-            error = SqboxError("the sandbox was closed")
-        else:
-            what = "exited unexpectedly" if self.version else "failed to start"
-            error = SqboxError(f"sqbox serve {what} (exit status {self._proc.returncode})",
-                               stderr=self._stderr_text())
+        error = proto.connection_lost_error(self._closed, bool(self.version),
+                                            self._proc.returncode, self._stderr_text())
         self._lost = error
         pending = list(self._pending.values())
         self._pending.clear()
         for future in pending:
             if not future.done():
-                future.set_exception(SqboxError(str(error.args[0]), stderr=error.stderr))
+                future.set_exception(proto.copy_error(error))
 
     def _dispatch_tool_call(self, call: proto.ToolCall) -> None:
         session = self._sessions.get(call.session)  # type: ignore[arg-type]
@@ -273,13 +256,10 @@ class AsyncSandbox:
             self._note_stderr(chunk)
 
     def _note_stderr(self, chunk: bytes) -> None:
-        self._stderr_tail.append(chunk)
-        self._stderr_size += len(chunk)
-        while self._stderr_size > STDERR_TAIL and len(self._stderr_tail) > 1:
-            self._stderr_size -= len(self._stderr_tail.popleft())
+        self._stderr.note(chunk)
 
     def _stderr_text(self) -> str:
-        return b"".join(self._stderr_tail).decode("utf-8", "replace")
+        return self._stderr.text()
 
 
 class AsyncSession:
@@ -310,7 +290,7 @@ class AsyncSession:
         """Run `code` in the session's namespace and return its `ExecResult` (as
         `Session.execute`); raises `SessionDead` if the interpreter died."""
         reply = await self._call(proto.exec_request(self._id, code,
-                                                    _pick(timeout, self._timeout)))
+                                                    proto.pick(timeout, self._timeout)))
         return proto.exec_result_from_reply(reply)
 
     async def put(self, path: str, data: bytes) -> None:

@@ -6,8 +6,10 @@ Shared by the threaded client (_sync) and the asyncio client (_aio), and by the 
 from __future__ import annotations
 
 import base64
+import collections
 import json
 import os
+import threading
 from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple,
                     Union)
 
@@ -23,6 +25,10 @@ ToolsArg = Union[Mapping[str, Callable[..., Any]], Iterable[Callable[..., Any]],
 
 # A reply line can carry a 64 MiB file, base64-encoded, plus JSON framing.
 MAX_LINE = 256 * 1024 * 1024
+# How long close() lets the server wind down (kill every sandbox) before killing it.
+CLOSE_TIMEOUT = 10.0
+# How much of the server's stderr is kept for error messages.
+STDERR_TAIL = 64 * 1024
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,6 +154,76 @@ def session_open_request(*, env: Optional[Mapping[str, Any]],
     request.update(_common_options(memory=memory, mounts=mounts, env=env,
                                    output_limit=output_limit))
     return request
+
+
+def pick(value: Any, default: Any) -> Any:
+    """A call's argument, or the sandbox's default when the call left it out (None)."""
+    return default if value is None else value
+
+
+class Defaults:
+    """A sandbox's defaults for every call, and the requests they make with a call's overrides:
+    scalars replace the default, mounts add to it, env merges into it."""
+
+    def __init__(self, *, timeout: Optional[float], memory: Optional[Size],
+                 mounts: Optional[Iterable[MountSpec]], env: Optional[Mapping[str, Any]],
+                 output_limit: Optional[int]) -> None:
+        self.timeout = timeout
+        self.memory = memory
+        self.mounts: List[MountSpec] = list(mounts or ())
+        self.env = normalize_env(env)
+        self.output_limit = output_limit
+
+    def run_request(self, cmd: Command, *, timeout: Optional[float], memory: Optional[Size],
+                    mounts: Optional[Iterable[MountSpec]], env: Optional[Mapping[str, Any]],
+                    stdin: Stdin, output_limit: Optional[int]) -> Dict[str, Any]:
+        return run_request(
+            cmd, timeout=pick(timeout, self.timeout), memory=pick(memory, self.memory),
+            mounts=self.mounts + list(mounts or ()), env=merge_env(self.env, env), stdin=stdin,
+            output_limit=pick(output_limit, self.output_limit))
+
+    def session_open_request(self, *, env: Optional[Mapping[str, Any]],
+                             mounts: Optional[Iterable[MountSpec]], memory: Optional[Size],
+                             output_limit: Optional[int], tools: Sequence[str]) -> Dict[str, Any]:
+        return session_open_request(
+            env=merge_env(self.env, env), mounts=self.mounts + list(mounts or ()),
+            memory=pick(memory, self.memory),
+            output_limit=pick(output_limit, self.output_limit), tools=tools)
+
+
+class StderrTail:
+    """The last STDERR_TAIL bytes or so of the server's stderr, for error messages. Thread-safe
+    (nothing awaits inside it, so the asyncio client may use it as well)."""
+
+    def __init__(self) -> None:
+        self._chunks: "collections.deque[bytes]" = collections.deque()
+        self._size = 0
+        self._lock = threading.Lock()
+
+    def note(self, chunk: bytes) -> None:
+        with self._lock:
+            self._chunks.append(chunk)
+            self._size += len(chunk)
+            while self._size > STDERR_TAIL and len(self._chunks) > 1:
+                self._size -= len(self._chunks.popleft())
+
+    def text(self) -> str:
+        with self._lock:
+            return b"".join(self._chunks).decode("utf-8", "replace")
+
+
+def connection_lost_error(closed: bool, started: bool, returncode: Optional[int],
+                          stderr: str) -> SqboxError:
+    """Why a sandbox's requests can no longer be answered once its server is gone."""
+    if closed:
+        return SqboxError("the sandbox was closed")
+    what = "exited unexpectedly" if started else "failed to start"
+    return SqboxError(f"sqbox serve {what} (exit status {returncode})", stderr=stderr)
+
+
+def copy_error(error: SqboxError) -> SqboxError:
+    """A fresh copy of `error` for another waiter (an exception carries its own traceback)."""
+    return SqboxError(str(error.args[0]), stderr=error.stderr)
 
 
 def exec_request(session: str, code: str, timeout: Optional[float]) -> Dict[str, Any]:

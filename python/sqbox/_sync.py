@@ -1,7 +1,6 @@
 """The blocking client: one-shot `run`, and `Sandbox`/`Session` over `sqbox serve` (threads)."""
 from __future__ import annotations
 
-import collections
 import itertools
 import json
 import os
@@ -11,20 +10,16 @@ import threading
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, Callable, Deque, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence
 
 from . import _protocol as proto
 from ._binary import PathLike, find_binary
 from ._errors import SqboxError
-from ._protocol import Command, MountSpec, Size, Stdin, ToolsArg
+from ._protocol import CLOSE_TIMEOUT, Command, MountSpec, Size, Stdin, ToolsArg
 from ._results import ExecResult, Result
 
-# How long close() lets the server wind down (kill every sandbox) before killing it.
-CLOSE_TIMEOUT = 10.0
 # Extra host-side grace beyond a one-shot run's own --timeout before the client gives up on sqbox.
 RUN_GRACE = 30.0
-# How much of the server's stderr is kept for error messages.
-STDERR_TAIL = 64 * 1024
 
 
 def run(image: PathLike, cmd: Command, *, timeout: Optional[float] = None,
@@ -103,11 +98,8 @@ class Sandbox:
                  extra_args: Sequence[str] = (), start_timeout: float = 60.0,
                  tool_workers: int = 32) -> None:
         self.image = os.fspath(image)
-        self._timeout = timeout
-        self._memory = memory
-        self._mounts: List[MountSpec] = list(mounts or ())
-        self._env = proto.normalize_env(env)
-        self._output_limit = output_limit
+        self._defaults = proto.Defaults(timeout=timeout, memory=memory, mounts=mounts, env=env,
+                                        output_limit=output_limit)
         argv = proto.serve_argv(find_binary(binary), self.image, max_parallel=max_parallel,
                                 pool=pool, extra_args=extra_args)
 
@@ -118,9 +110,7 @@ class Sandbox:
         self._ids = itertools.count(1)
         self._closed = False
         self._lost: Optional[SqboxError] = None
-        self._stderr_lock = threading.Lock()
-        self._stderr_tail: Deque[bytes] = collections.deque()
-        self._stderr_size = 0
+        self._stderr = proto.StderrTail()
         self.version = ""  # the server's, once it has answered
 
         # Deliberately a plain child (no new session, no daemonizing): if this process dies,
@@ -165,10 +155,8 @@ class Sandbox:
 
         Arguments as for `sqbox.run`. Safe to call from many threads at once.
         """
-        request = proto.run_request(
-            cmd, timeout=_pick(timeout, self._timeout), memory=_pick(memory, self._memory),
-            mounts=self._mounts + list(mounts or ()), env=proto.merge_env(self._env, env),
-            stdin=stdin, output_limit=_pick(output_limit, self._output_limit))
+        request = self._defaults.run_request(cmd, timeout=timeout, memory=memory, mounts=mounts,
+                                             env=env, stdin=stdin, output_limit=output_limit)
         return proto.result_from_reply(self._request(request))
 
     def session(self, *, env: Optional[Mapping[str, Any]] = None,
@@ -181,13 +169,13 @@ class Sandbox:
         `tools.NAME(...)`; `timeout` is the default for `execute`.
         """
         functions = proto.collect_tools(tools)
-        request = proto.session_open_request(
-            env=proto.merge_env(self._env, env), mounts=self._mounts + list(mounts or ()),
-            memory=_pick(memory, self._memory),
-            output_limit=_pick(output_limit, self._output_limit), tools=list(functions))
+        request = self._defaults.session_open_request(env=env, mounts=mounts, memory=memory,
+                                                      output_limit=output_limit,
+                                                      tools=list(functions))
         reply = self._request(request)
         proto.raise_for_reply(reply, "session_open")
-        session = Session(self, str(reply["session"]), functions, _pick(timeout, self._timeout))
+        session = Session(self, str(reply["session"]), functions,
+                          proto.pick(timeout, self._defaults.timeout))
         with self._lock:
             self._sessions[session.id] = session
         return session
@@ -256,20 +244,18 @@ class Sandbox:
             self._send(proto.encode(message))
             return future.result(timeout)
         except FutureTimeout:
-            with self._lock:
-                self._pending.pop(request_id, None)
             raise SqboxError(f"no reply to {message['op']!r} within {timeout} s",
                              stderr=self._stderr_text()) from None
-        except BaseException:
+        finally:
+            # Answered, the reader already took it out; else nobody will answer it now.
             with self._lock:
                 self._pending.pop(request_id, None)
-            raise
 
     def _check_usable(self) -> None:
         if self._closed:
             raise SqboxError("the sandbox is closed")
         if self._lost is not None:
-            raise SqboxError(str(self._lost.args[0]), stderr=self._lost.stderr)
+            raise proto.copy_error(self._lost)
 
     def _send(self, line: bytes) -> None:
         with self._write_lock:
@@ -305,18 +291,13 @@ class Sandbox:
             pass
         self._stderr_thread.join(timeout=2)
         with self._lock:
-            if self._closed:
-                error = SqboxError("the sandbox was closed")
-            else:
-                what = "exited unexpectedly" if self.version else "failed to start"
-                error = SqboxError(
-                    f"sqbox serve {what} (exit status {self._proc.returncode})",
-                    stderr=self._stderr_text())
+            error = proto.connection_lost_error(self._closed, bool(self.version),
+                                                self._proc.returncode, self._stderr_text())
             self._lost = error
             pending = list(self._pending.values())
             self._pending.clear()
         for future in pending:
-            future.set_exception(SqboxError(str(error.args[0]), stderr=error.stderr))
+            future.set_exception(proto.copy_error(error))
 
     def _dispatch_tool_call(self, call: proto.ToolCall) -> None:
         with self._lock:
@@ -342,19 +323,10 @@ class Sandbox:
             self._note_stderr(chunk)
 
     def _note_stderr(self, chunk: bytes) -> None:
-        with self._stderr_lock:
-            self._stderr_tail.append(chunk)
-            self._stderr_size += len(chunk)
-            while self._stderr_size > STDERR_TAIL and len(self._stderr_tail) > 1:
-                self._stderr_size -= len(self._stderr_tail.popleft())
+        self._stderr.note(chunk)
 
     def _stderr_text(self) -> str:
-        with self._stderr_lock:
-            return b"".join(self._stderr_tail).decode("utf-8", "replace")
-
-
-def _pick(value: Any, default: Any) -> Any:
-    return default if value is None else value
+        return self._stderr.text()
 
 
 class Session:
@@ -390,7 +362,7 @@ class Session:
         the code is interrupted and `.timed_out` is set. Raises `SessionDead` if the
         interpreter died (then `reset()` it).
         """
-        reply = self._call(proto.exec_request(self._id, code, _pick(timeout, self._timeout)))
+        reply = self._call(proto.exec_request(self._id, code, proto.pick(timeout, self._timeout)))
         return proto.exec_result_from_reply(reply)
 
     def put(self, path: str, data: bytes) -> None:

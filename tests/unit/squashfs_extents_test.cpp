@@ -102,6 +102,20 @@ TEST_F(StoredExtentsTest, StoredBlocksMapToTheImageBytesOfTheFile) {
     EXPECT_FALSE(find_stored_extents(fs, &inode, 0, 0, extents));
 }
 
+TEST_F(StoredExtentsTest, BlocksOutsideTheImagesUsedSizeAreDeclined) {
+    // A crafted image whose block list points past the data it declares: as if the superblock
+    // said the image ends after the file's first block.
+    sqfs_inode inode;
+    ImageSource image = build("short.sqsh", "-noD -no-fragments", inode);
+    sqfs* fs = &image.squashfs->fs;
+    std::vector<ImageExtent> extents;
+    ASSERT_TRUE(find_stored_extents(fs, &inode, 0, kBlock, extents));
+    fs->sb.bytes_used = extents.front().image_offset + kBlock;
+    EXPECT_TRUE(find_stored_extents(fs, &inode, 0, kBlock, extents));
+    EXPECT_FALSE(find_stored_extents(fs, &inode, kBlock, 10, extents));
+    EXPECT_FALSE(find_stored_extents(fs, &inode, 0, content_.size(), extents));
+}
+
 TEST_F(StoredExtentsTest, FragmentTailsAndCompressedBlocksAreDeclined) {
     std::vector<ImageExtent> extents;
     {
