@@ -16,13 +16,6 @@ namespace {
 
 constexpr size_t kReadChunk = size_t{64} * 1024;
 
-void set_nonblocking(int fd) {
-    const int flags = ::fcntl(fd, F_GETFL);
-    if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
-        throw system_error("cannot make a relay descriptor non-blocking");
-    }
-}
-
 }  // namespace
 
 void StdioRelay::Channel::close_source() {
@@ -51,7 +44,7 @@ StdioRelay::StdioRelay(std::optional<uint64_t> output_limit, bool tty, int chann
             input_.owned_sink = std::move(pipe.write_end);
             input_.sink = input_.owned_sink.get();
             input_.sink_nonblocking = true;
-            set_nonblocking(input_.sink);
+            set_nonblocking(input_.sink, "a relay descriptor");
         } else {
             Channel& channel = fd == STDOUT_FILENO ? output_ : error_;
             sandbox_ends_[fd] = std::move(pipe.write_end);
@@ -84,7 +77,7 @@ void StdioRelay::attach_terminal() {
         return;  // the sandbox ended before its terminal existed
     }
     master_ = std::move(message->fds.front());
-    set_nonblocking(master_.get());
+    set_nonblocking(master_.get(), "a relay descriptor");
     input_.source = STDIN_FILENO;
     input_.sink = master_.get();
     input_.sink_nonblocking = true;

@@ -85,13 +85,6 @@ json error_object(const std::string& type, const std::string& message) {
     return {{"type", type}, {"message", message}};
 }
 
-void set_nonblocking(int fd) {
-    const int flags = ::fcntl(fd, F_GETFL);
-    if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
-        throw system_error("cannot make a descriptor non-blocking");
-    }
-}
-
 struct Pipes {
     Pipe in, out, err;
 };
@@ -99,9 +92,9 @@ struct Pipes {
 Pipes make_stdio_pipes() {
     Pipes pipes{make_pipe("sandbox stdin"), make_pipe("sandbox stdout"),
                 make_pipe("sandbox stderr")};
-    set_nonblocking(pipes.in.write_end.get());
-    set_nonblocking(pipes.out.read_end.get());
-    set_nonblocking(pipes.err.read_end.get());
+    set_nonblocking(pipes.in.write_end.get(), "a descriptor");
+    set_nonblocking(pipes.out.read_end.get(), "a descriptor");
+    set_nonblocking(pipes.err.read_end.get(), "a descriptor");
     return pipes;
 }
 
@@ -182,14 +175,16 @@ class Server {
         Client stdio;
         stdio.in_fd = STDIN_FILENO;
         stdio.out_fd = STDOUT_FILENO;
-        set_nonblocking(STDIN_FILENO);
-        set_nonblocking(STDOUT_FILENO);
+        set_nonblocking(STDIN_FILENO, "a descriptor");
+        set_nonblocking(STDOUT_FILENO, "a descriptor");
         clients_.emplace(next_client_++, std::move(stdio));
         fill_pool();
         loop();
-        shut_down();
         return exit_status_;
     }
+
+    // Also when run() ends in an error: the sandboxes, their cgroups and the socket file go.
+    ~Server() { shut_down(); }
 
   private:
     // The server lives as long as the process that started it (a Python client, a harness).
@@ -485,7 +480,6 @@ class Server {
         request.erase("internal");
         json id = request.contains("id") ? request["id"] : json(nullptr);
         try {
-            if (!request.is_object()) throw Error("a request is a JSON object");
             const std::string op = request.value("op", "");
             if (op == "run") {
                 start_run(client_id, request);
@@ -497,7 +491,7 @@ class Server {
                     respond(client_id, dead_answer(session, id));
                     return;
                 }
-                session.queue.push_back(request);
+                session.queue.push_back(std::move(request));  // a put's may be tens of MiB
                 pump(session);
             } else if (op == "tool_result") {
                 forward_tool_result(client_id, request);
@@ -761,7 +755,15 @@ class Server {
     void handle_supervisor() {
         std::optional<FdMessage> message = receive_fd_message(control_.get());
         if (!message) {
-            print_error("the sandbox supervisor went away; stopping");
+            if (!supervisor_failed_) print_error("the sandbox supervisor went away; stopping");
+            exit_status_ = kExitSqboxFailure;
+            stopping_ = true;
+            return;
+        }
+        if (message->tag == 'e') {  // it failed and is exiting: say why, once
+            print_error("the sandbox supervisor failed: " +
+                        json::parse(message->text).value("error", std::string()) + "; stopping");
+            supervisor_failed_ = true;
             exit_status_ = kExitSqboxFailure;
             stopping_ = true;
             return;
@@ -923,7 +925,7 @@ class Server {
         }
     }
 
-    void handle_driver_message(Session& session, const json& message) {
+    void handle_driver_message(Session& session, json message) {
         const std::string event = message.value("event", "");
         if (event == "ready") {
             session.state = Session::State::kIdle;
@@ -969,7 +971,7 @@ class Server {
             if (session.state != Session::State::kBusy) return;
             session.tool_call_pending = false;
             if (!session.current_internal) {
-                json answer = message;
+                json answer = std::move(message);  // an exec's output may be 16 MiB
                 answer.erase("event");
                 answer["id"] = session.current.value("id", json(nullptr));
                 if (!answer.contains("ok")) answer["ok"] = true;
@@ -1029,8 +1031,8 @@ class Server {
             pump(session);
             return;
         }
-        session.current = request;
         session.current_internal = request.value("internal", false);
+        session.current = std::move(request);
         session.state = Session::State::kBusy;
         session.interrupted = false;
         session.tool_call_pending = false;
@@ -1238,6 +1240,7 @@ class Server {
     int next_client_ = 0;
     bool stopping_ = false;
     bool draining_ = false;
+    bool supervisor_failed_ = false;
     int exit_status_ = 0;
 };
 

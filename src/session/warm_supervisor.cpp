@@ -37,7 +37,6 @@ struct RunningSandbox {
     UniqueFd lifeline;  // init dies when this closes
     UniqueFd channel;   // a pooled sandbox's: its request arrives here
     std::optional<Clock::time_point> deadline;
-    double timeout_seconds = 0;
     bool timed_out = false;
     Clock::time_point started;
 };

@@ -85,4 +85,11 @@ Pipe make_pipe(const std::string& purpose) {
     return Pipe{UniqueFd(fds[0]), UniqueFd(fds[1])};
 }
 
+void set_nonblocking(int fd, const std::string& what) {
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+        throw system_error("cannot make " + what + " non-blocking");
+    }
+}
+
 }  // namespace sqbox

@@ -30,4 +30,7 @@ std::string read_all(int fd, const std::string& what);
 // pipe2(O_CLOEXEC), checked.
 Pipe make_pipe(const std::string& purpose);
 
+// Sets O_NONBLOCK on `fd`; throws Error "cannot make WHAT non-blocking" on failure.
+void set_nonblocking(int fd, const std::string& what);
+
 }  // namespace sqbox
