@@ -16,6 +16,12 @@
 //
 // Only reads start a prefetch, not lookups: stat-heavy payloads (ls -l, find, pip) look up many
 // files they never open, and reading those would only take time from the payload.
+//
+// Before that, the thread warms up what every start needs: while init still creates its
+// namespaces, it looks up the files sqbox's set-up reads and the places the command may be found,
+// and reads the first chunk of those that are regular files. Init and the payload then find
+// those names (and missing names: the server lets the kernel cache those too) in the kernel's
+// cache instead of waiting for the server one lookup at a time.
 #pragma once
 
 #include <sys/types.h>
@@ -25,6 +31,7 @@
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include "image/squashfuse_api.h"
 
@@ -41,7 +48,9 @@ struct PrefetchLimits {
 class SquashfsPrefetcher {
   public:
     // `mount_point`: where the image is mounted in the server's own mount namespace.
-    SquashfsPrefetcher(std::string mount_point, PrefetchLimits limits);
+    // `warm_paths`: absolute paths in the image to warm up first (see above).
+    SquashfsPrefetcher(std::string mount_point, PrefetchLimits limits,
+                       std::vector<std::string> warm_paths);
     // Tells the worker to stop and lets it finish on its own (it holds no lock anyone waits for).
     ~SquashfsPrefetcher();
     SquashfsPrefetcher(const SquashfsPrefetcher&) = delete;

@@ -23,7 +23,10 @@ void drop_all_privileges() {
             throw system_error("cannot drop the capability bounding set");
         }
     }
-    if (::cap_reset_ambient() != 0) throw system_error("cannot clear ambient capabilities");
+    // One call (libcap's cap_reset_ambient first asks about each capability in turn).
+    if (::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0) {
+        throw system_error("cannot clear ambient capabilities");
+    }
     std::unique_ptr<std::remove_pointer_t<cap_t>, int (*)(void*)> empty(::cap_init(), ::cap_free);
     if (!empty || ::cap_set_proc(empty.get()) != 0) {
         throw system_error("cannot clear capabilities");

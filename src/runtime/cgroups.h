@@ -50,6 +50,9 @@ class SandboxCgroup {
     [[nodiscard]] std::vector<int> join_fds() const;
     // Whether the kernel's OOM killer killed a process of this cgroup.
     [[nodiscard]] bool oom_killed() const;
+    // Removes the cgroup (also done on destruction). Call only once the sandbox's processes are
+    // gone; a cgroup still in use is retried for a moment, then left to the next sqbox run.
+    void remove() noexcept;
 
   private:
     struct Directory {
@@ -59,7 +62,6 @@ class SandboxCgroup {
         UniqueFd join;
     };
     SandboxCgroup() = default;
-    void remove() noexcept;
 
     ResourceLimits limits_;
     std::string mechanism_;

@@ -62,11 +62,24 @@ void enter_sandbox_cgroup(int channel) {
     if (::unshare(CLONE_NEWCGROUP) != 0) throw system_error("unshare(CLONE_NEWCGROUP)");
 }
 
+// sqbox run starts init while the supervisor still mounts the image (see InitContext): wait for
+// it, then leave the supervisor's mount namespace for a copy of it. EOF means the supervisor
+// failed, and its own report says why.
+void take_mount_namespace_when_image_ready(int image_ready_fd) {
+    char ready = 0;
+    ssize_t n = 0;
+    do {
+        n = ::read(image_ready_fd, &ready, 1);
+    } while (n < 0 && errno == EINTR);
+    if (n != 1) ::_exit(kExitSqboxFailure);
+    (void)::close(image_ready_fd);
+    if (::unshare(CLONE_NEWNS) != 0) throw system_error("unshare(CLONE_NEWNS)");
+}
+
 void prepare_sandbox(const SandboxConfig& config) {
     if (::sethostname(config.hostname.data(), config.hostname.size()) != 0) {
         throw system_error("cannot set the hostname");
     }
-    bring_up_loopback();
     PreparedRoot root = assemble_rootfs(config);
     pivot_into(root.root.get());
 }
@@ -200,6 +213,10 @@ void run_init(const InitContext& context) {
     try {
         die_with_supervisor(context.lifeline_fd);
         if (plan.own_user_namespace) enter_own_user_namespace(*plan.own_user_namespace);
+        enter_loopback_only_network();
+        if (context.image_ready_fd >= 0) {
+            take_mount_namespace_when_image_ready(context.image_ready_fd);
+        }
         adopt_request_stdio(context);
         if (!config.export_image_path.empty()) export_root(context, config);
         prepare_sandbox(config);

@@ -10,6 +10,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <functional>
+
 #include "image/image_source.h"
 #include "runtime/cgroups.h"
 #include "runtime/process.h"
@@ -167,9 +169,17 @@ class ScopedIgnoreSigpipe {
     struct sigaction previous_ {};
 };
 
+// What supervise() saw: the supervisor's wait status and, if it sent one, its final report.
+struct Supervision {
+    int status = 0;
+    std::optional<StageReport> report;
+};
+
 // Forwards signals to the supervisor and relays stdio until the supervisor has exited and all
-// relayed output is drained. Returns the supervisor's wait status.
-int supervise(ChildProcess& supervisor, StdioRelay& relay) {
+// relayed output is drained. The supervisor reports once init is gone, before it tears down its
+// own mounts: `sandbox_gone` runs then, so that work overlaps with that teardown.
+Supervision supervise(ChildProcess& supervisor, StdioRelay& relay, int report_fd,
+                      const std::function<void()>& sandbox_gone) {
     sigset_t signals = pipeline_signals();
     // SIGWINCH too (--tty), blocked only here: the children were started without it blocked.
     sigset_t winch;
@@ -185,9 +195,11 @@ int supervise(ChildProcess& supervisor, StdioRelay& relay) {
     UniqueFd signal_fd(::signalfd(-1, &signals, SFD_CLOEXEC));
     if (!signal_fd) throw system_error("signalfd");
     std::optional<int> status;
+    Supervision supervision;
+    bool report_open = true;
     std::vector<pollfd> fds;
     for (;;) {
-        fds.assign({{signal_fd.get(), POLLIN, 0}});
+        fds.assign({{signal_fd.get(), POLLIN, 0}, {report_open ? report_fd : -1, POLLIN, 0}});
         relay.add_to_poll(fds);
         // Once the supervisor is gone, so is every process that could write to the relay (they
         // all die with it): what is left is output already on its way.
@@ -210,9 +222,24 @@ int supervise(ChildProcess& supervisor, StdioRelay& relay) {
             }
             if (!status && (status = supervisor.try_reap())) relay.stop_input();
         }
+        if (fds[1].revents != 0) {
+            // The report is written in one piece (smaller than PIPE_BUF), so it is all there.
+            StageReport report;
+            if (receive_report(report_fd, report)) {
+                supervision.report = report;
+                sandbox_gone();
+            }
+            report_open = false;
+        }
         relay.handle_poll(fds);
     }
-    return *status;
+    StageReport report;
+    if (report_open && receive_report(report_fd, report)) {  // written before the supervisor exited
+        supervision.report = report;
+        sandbox_gone();
+    }
+    supervision.status = *status;
+    return supervision;
 }
 
 }  // namespace
@@ -251,18 +278,25 @@ RunResult run_sandbox(const SandboxConfig& config) {
         init_channel.reset();
         hand_over_cgroup(cgroup_ptr, channel.get());
 
-        const int supervisor_status = supervise(supervisor, relay);
-        StageReport report;
-        if (!receive_report(report_pipe.read_end.get(), report)) {
+        bool oom_killed = false;
+        auto clean_up_cgroup = [&] {
+            if (!cgroup) return;
+            oom_killed = cgroup->oom_killed();
+            cgroup->remove();
+        };
+        Supervision supervision =
+            supervise(supervisor, relay, report_pipe.read_end.get(), clean_up_cgroup);
+        if (!supervision.report) {
             throw Error("sandbox supervisor died unexpectedly (status " +
-                        std::to_string(shell_status(supervisor_status)) + ")");
+                        std::to_string(shell_status(supervision.status)) + ")");
         }
+        const StageReport& report = *supervision.report;
         fill_result(report, result);
         result.stdout_truncated = relay.stdout_truncated();
         result.stderr_truncated = relay.stderr_truncated();
         result.limits = describe_limits(config.limits, cgroup_ptr);
         result.landlock_abi = plan.landlock_abi;
-        if (cgroup && cgroup->oom_killed()) {
+        if (oom_killed) {
             result.oom_killed = true;
             print_error(
                 "out of memory: the sandbox reached its memory limit and the kernel "

@@ -1,6 +1,7 @@
 #include "runtime/network.h"
 
 #include <net/if.h>
+#include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 
@@ -11,7 +12,8 @@
 
 namespace sqbox {
 
-void bring_up_loopback() {
+void enter_loopback_only_network() {
+    if (::unshare(CLONE_NEWNET) != 0) throw system_error("unshare(CLONE_NEWNET)");
     UniqueFd sock(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
     if (!sock) throw system_error("cannot create a socket to configure loopback");
     ifreq request{};

@@ -25,7 +25,6 @@
 namespace sqbox {
 namespace {
 
-constexpr const char* kDefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 // Bounds on what an image's /etc/environment may cost: the file, and the environment it builds
 // (which must also fit execve's limits).
 constexpr size_t kMaxEnvironmentFileBytes = size_t{64} * 1024;
@@ -71,7 +70,7 @@ std::string read_image_environment() {
 EnvironmentEntries build_payload_environment(const SandboxConfig& config,
                                              const std::string& image_environment) {
     EnvironmentEntries env = {
-        {"PATH", kDefaultPath},
+        {"PATH", kDefaultPayloadPath},
         {"HOME", config.map_root ? "/root" : "/tmp"},
         {"TERM", "xterm"},
     };

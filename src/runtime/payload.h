@@ -9,6 +9,10 @@
 
 namespace sqbox {
 
+// The payload's PATH unless the image's /etc/environment or --env sets one.
+inline constexpr const char* kDefaultPayloadPath =
+    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
 // The payload's whole environment: defaults (PATH, HOME, TERM), then the image's
 // /etc/environment (read from the current root), then the explicit --env settings.
 EnvironmentEntries build_payload_environment(const SandboxConfig& config,

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <future>
+#include <system_error>
 
 #include "runtime/devices.h"
 #include "runtime/mount_table.h"
@@ -91,6 +93,26 @@ void limit_ipc(int root_fd, uint64_t shared_memory_bytes) {
                   O_NOFOLLOW);
     write_file_at(root_fd, "proc/sys/kernel/shmall", std::to_string(pages), O_NOFOLLOW);
     write_file_at(root_fd, "proc/sys/kernel/msgmni", "256", O_NOFOLLOW);
+}
+
+// std::async on a new thread; where no thread can be had (the caller's process limit), the work
+// runs when its result is asked for instead.
+template <typename Work>
+std::future<void> start_aside(Work work) {
+    try {
+        return std::async(std::launch::async, work);
+    } catch (const std::system_error&) {
+        return std::async(std::launch::deferred, work);
+    }
+}
+
+// The kernel knobs and host information under the sandbox's /proc.
+void lock_down_proc(int root_fd, const SandboxConfig& config) {
+    // No user namespaces below the sandbox's own, even with --seccomp none: a new one would give
+    // the payload capabilities over it. (This sysctl is per user namespace: it is ours.)
+    write_file_at(root_fd, "proc/sys/user/max_user_namespaces", "0", O_NOFOLLOW);
+    limit_ipc(root_fd, config.tmpfs_size_bytes);
+    mask_proc(root_fd, config.outside_uid == 0);
 }
 
 struct GeneratedFile {
@@ -247,18 +269,22 @@ PreparedRoot assemble_rootfs(const SandboxConfig& config) {
     mount_fresh(root, "/proc", "proc", {},
                 MountAttr::kNoSuid | MountAttr::kNoDev | MountAttr::kNoExec, create);
     mount_devices(root, create, config.tmpfs_size_bytes);
-    // No user namespaces below the sandbox's own, even with --seccomp none: a new one would give
-    // the payload capabilities over it. (This sysctl is per user namespace: it is ours.)
-    write_file_at(root, "proc/sys/user/max_user_namespaces", "0", O_NOFOLLOW);
-    limit_ipc(root, config.tmpfs_size_bytes);
-    mask_proc(root, config.outside_uid == 0);
-    mount_fresh(root, "/tmp", "tmpfs", writable_tmpfs_options(config.tmpfs_size_bytes, "1777"),
-                MountAttr::kNoSuid | MountAttr::kNoDev, create);
-    install_etc_files(root, prepared.writable, persistent,
-                      {{"hostname", config.hostname + "\n"},
-                       {"hosts", "127.0.0.1\tlocalhost " + config.hostname +
-                                     "\n::1\tlocalhost ip6-localhost ip6-loopback\n"},
-                       {"resolv.conf", "# sqbox: no network but loopback in this sandbox\n"}});
+    {
+        // /proc is locked down on a second thread while /tmp and /etc are set up: neither touches
+        // the other's paths, and writing /etc mostly waits for the image server. (After /dev:
+        // the masks are copies of its null device.) Joined, and its error rethrown, before the
+        // mount table, which may mount over any of them.
+        std::future<void> proc_locked =
+            start_aside([&config, root] { lock_down_proc(root, config); });
+        mount_fresh(root, "/tmp", "tmpfs", writable_tmpfs_options(config.tmpfs_size_bytes, "1777"),
+                    MountAttr::kNoSuid | MountAttr::kNoDev, create);
+        install_etc_files(root, prepared.writable, persistent,
+                          {{"hostname", config.hostname + "\n"},
+                           {"hosts", "127.0.0.1\tlocalhost " + config.hostname +
+                                         "\n::1\tlocalhost ip6-localhost ip6-loopback\n"},
+                           {"resolv.conf", "# sqbox: no network but loopback in this sandbox\n"}});
+        proc_locked.get();
+    }
     apply_mount_table(root, config, create);
     if (config.read_only_root && prepared.writable) {
         set_mount_attributes(root, MountAttr::kReadOnly, 0, false, "read-only root");

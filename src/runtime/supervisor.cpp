@@ -13,6 +13,7 @@
 
 #include "image/squashfs_server.h"
 #include "runtime/init.h"
+#include "runtime/payload.h"
 #include "runtime/process.h"
 #include "runtime/rootfs.h"
 #include "runtime/signals.h"
@@ -45,8 +46,36 @@ IdMapping map_ids_and_seal(const SandboxConfig& config) {
     return ids;
 }
 
+std::vector<std::string> first_lookups(const SandboxConfig& config) {
+    std::vector<std::string> paths = {"/etc/hostname", "/etc/hosts", "/etc/resolv.conf",
+                                      "/etc/fstab", "/etc/environment"};
+    if (config.entrypoint == SandboxConfig::Entrypoint::kEnrootRc) paths.emplace_back("/etc/rc");
+    if (config.command.empty()) return paths;
+    const std::string& program = config.command.front();
+    if (program.starts_with('/')) {
+        paths.push_back(program);
+    } else if (program.find('/') == std::string::npos) {
+        // The PATH the payload searches: the default unless --env sets one (the image's
+        // /etc/environment may too, but it is not read yet; this is only a hint).
+        std::string search = kDefaultPayloadPath;
+        for (const auto& [key, value] : config.environment) {
+            if (key == "PATH") search = value;
+        }
+        size_t start = 0;
+        while (start <= search.size()) {
+            size_t end = search.find(':', start);
+            if (end == std::string::npos) end = search.size();
+            const std::string dir = search.substr(start, end - start);
+            if (dir.starts_with('/')) paths.push_back(dir + "/" + program);
+            start = end + 1;
+        }
+    }
+    return paths;
+}
+
 ChildProcess mount_image_and_serve(const ImageSource& image, const IdMapping& ids,
-                                   const std::vector<int>& close_in_server) {
+                                   const std::vector<int>& close_in_server,
+                                   std::vector<std::string> warm_paths) {
     UniqueFd fuse;
     if (image.kind == ImageSource::Kind::kSquashfs) {
         fuse.reset(::open("/dev/fuse", O_RDWR | O_CLOEXEC));
@@ -64,8 +93,9 @@ ChildProcess mount_image_and_serve(const ImageSource& image, const IdMapping& id
         for (int fd : close_in_server) {
             if (fd >= 0) (void)::close(fd);
         }
-        int status = serve_squashfs(image.squashfs.get(), fuse.get(),
-                                    {ids.inside_uid, ids.inside_gid, kImageDir});
+        int status =
+            serve_squashfs(image.squashfs.get(), fuse.get(),
+                           {ids.inside_uid, ids.inside_gid, kImageDir, std::move(warm_paths)});
         ::_exit(status == 0 ? 0 : kExitSqboxFailure);
     }
     return ChildProcess(pid);  // `fuse` closes here: the server holds the connection now
@@ -87,21 +117,35 @@ void run_supervisor(const SupervisorContext& context) {
         close_fds_except(keep);
 
         const IdMapping ids = map_ids_and_seal(config);
-        ChildProcess server =
-            mount_image_and_serve(image, ids, {context.report_fd, plan.channel_fd});
 
+        // Init starts before the image is mounted, still in this mount namespace, so that the
+        // network namespace it creates first is built while the image is mounted here.
         Pipe init_report = make_pipe("init report");
         Pipe lifeline = make_pipe("lifeline");
+        Pipe image_ready = make_pipe("image ready");
         const auto started = Clock::now();
-        pid_t init_pid = clone_process(kSandboxNamespaces, "sandbox namespaces");
+        pid_t init_pid = clone_process(kSandboxNamespaces & ~CLONE_NEWNS, "sandbox namespaces");
         if (init_pid == 0) {
             init_report.read_end.reset();
             lifeline.write_end.reset();
-            run_init({&plan, init_report.write_end.get(), lifeline.read_end.get()});
+            image_ready.write_end.reset();
+            run_init({&plan, init_report.write_end.get(), lifeline.read_end.get(),
+                      image_ready.read_end.get()});
         }
         ChildProcess init(init_pid);
         init_report.write_end.reset();
         lifeline.read_end.reset();
+        image_ready.read_end.reset();
+
+        ChildProcess server =
+            mount_image_and_serve(image, ids,
+                                  {context.report_fd, plan.channel_fd, init_report.read_end.get(),
+                                   lifeline.write_end.get(), image_ready.write_end.get()},
+                                  first_lookups(config));
+        if (!write_all(image_ready.write_end.get(), "1", 1)) {
+            throw system_error("cannot tell init that the image is ready");
+        }
+        image_ready.write_end.reset();
 
         std::optional<Clock::time_point> deadline;
         if (config.timeout_seconds) {

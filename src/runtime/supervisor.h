@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <sys/types.h>
 
+#include <string>
 #include <vector>
 
 #include "image/image_source.h"
@@ -13,20 +14,26 @@
 
 namespace sqbox {
 
-// The namespaces init is cloned into. The cgroup namespace comes later: init creates it once it
-// is in the sandbox's cgroup.
+// The namespaces init is cloned into. Init creates the others itself: the network namespace first
+// thing (see enter_loopback_only_network), the cgroup namespace once it is in the sandbox's cgroup.
 inline constexpr unsigned long kSandboxNamespaces =
-    CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNS;
+    CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNS;
 
 // Both supervisors (`sqbox run`'s and `sqbox serve`'s), first thing in their new user namespace:
 // maps the caller's ids as `config` asks, then stops being dumpable.
 IdMapping map_ids_and_seal(const SandboxConfig& config);
 
+// The paths in the image that a sandbox for `config` looks up first: the files sqbox's set-up
+// reads and where its command may be found. (The image server warms them up; see
+// image/squashfs_prefetch.h.)
+std::vector<std::string> first_lookups(const SandboxConfig& config);
+
 // Both supervisors: moves to the private scratch root, mounts `image` at /image and, for a
-// squashfs image, forks the FUSE server that serves it (closing `close_in_server` there).
-// Returns the server; no process for a directory image.
+// squashfs image, forks the FUSE server that serves it (closing `close_in_server` there), which
+// warms up `warm_paths` first. Returns the server; no process for a directory image.
 ChildProcess mount_image_and_serve(const ImageSource& image, const IdMapping& ids,
-                                   const std::vector<int>& close_in_server);
+                                   const std::vector<int>& close_in_server,
+                                   std::vector<std::string> warm_paths);
 
 struct SupervisorContext {
     const SandboxPlan* plan = nullptr;

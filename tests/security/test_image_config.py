@@ -1,6 +1,8 @@
-"""Hostile image configuration: an image's /etc/fstab and /etc/environment, and an enroot
-configuration script, try to reach the host. Each attempt must fail and leave the host as it was.
+"""Hostile image configuration: an image's /etc/fstab and /etc/environment, its symlinks, and an
+enroot configuration script, try to reach the host. Each attempt must fail and leave the host as
+it was.
 """
+import ctypes
 import os
 import shutil
 import subprocess
@@ -198,3 +200,49 @@ def test_a_containers_layer_cannot_lead_sqbox_to_host_files(box, host_sentinel, 
     assert inside.stdout.splitlines()[0] == str(host_sentinel.file)
     assert enroot("remove", "-f", "evil").returncode == 0
     assert host_sentinel.file.read_text() == host_sentinel.secret + "\n"
+
+
+class _OpenWatch:
+    """inotify on one host file: whether anyone opened or read it."""
+    IN_ACCESS, IN_OPEN, IN_NONBLOCK = 0x1, 0x20, 0o4000
+
+    def __init__(self, path):
+        libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = libc.inotify_init1(self.IN_NONBLOCK)
+        assert self.fd >= 0, os.strerror(ctypes.get_errno())
+        watch = libc.inotify_add_watch(self.fd, os.fsencode(path), self.IN_OPEN | self.IN_ACCESS)
+        assert watch >= 0, os.strerror(ctypes.get_errno())
+
+    def touched(self):
+        try:
+            return len(os.read(self.fd, 4096)) > 0
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(self.fd)
+
+
+def test_image_symlinks_do_not_make_the_image_server_open_host_files(box, busybox_rootfs,
+                                                                      host_sentinel, tmp_path):
+    """The image server looks up and reads ahead, through its own view of the filesystem (where
+    the host's root is /oldroot), what the sandbox needs first: the image's /etc files and the
+    command along PATH. Those are symlinks to a host file here, absolute and through /oldroot;
+    resolved as in the sandbox they lead nowhere, and the host file is never even opened."""
+    rootfs = _rootfs_with(busybox_rootfs, tmp_path / "rootfs")
+    targets = ["/oldroot" + str(host_sentinel.file), str(host_sentinel.file)]
+    for index, name in enumerate(["fstab", "environment", "hosts", "hostname", "resolv.conf"]):
+        (rootfs / "etc" / name).unlink(missing_ok=True)
+        os.symlink(targets[index % 2], rootfs / "etc" / name)
+    for index, directory in enumerate(["usr/local/sbin", "usr/local/bin"]):
+        (rootfs / directory).mkdir(parents=True, exist_ok=True)
+        os.symlink(targets[index], rootfs / directory / "planted")
+    # The command is found further along PATH, and runs long enough for the server to be done.
+    (rootfs / "usr" / "bin" / "planted").write_text("#!/bin/sh\nsleep 0.5\necho ran\n")
+    (rootfs / "usr" / "bin" / "planted").chmod(0o755)
+    image = tmp_path / "planted.sqsh"
+    subprocess.run(["mksquashfs", str(rootfs), str(image), "-all-root", "-noappend", "-quiet",
+                    "-no-progress"], check=True, stdout=subprocess.DEVNULL)
+    watch = _OpenWatch(host_sentinel.file)
+    result = box.run(str(image), "planted")
+    assert (result.returncode, result.stdout) == (0, "ran\n"), result.stderr
+    assert not watch.touched()
