@@ -11,10 +11,12 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "image/program_interpreter.h"
 #include "util/unique_fd.h"
 
 namespace sqbox {
@@ -91,17 +93,32 @@ struct SquashfsPrefetcher::State {
     // FUSE mount, which is nodev: nothing but the image's own files is ever opened. O_NONBLOCK:
     // a FIFO does not block the open. Failures (missing names included) are the point or
     // harmless.
+    // The interpreter of an executable on the list (a program's dynamic loader, a script's
+    // shell, that shell's loader) joins it; at most this many, so that a chain of scripts
+    // cannot keep the warm-up going.
+    static constexpr size_t kMaxInterpreters = 4;
+
     void warm_up() const {
         UniqueFd root(::open(mount_point.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
         if (!root) return;
         open_how how{};
         how.flags = O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC;
         how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_XDEV | RESOLVE_NO_MAGICLINKS;
-        for (const std::string& path : warm_paths) {
+        std::vector<std::string> paths = warm_paths;
+        const size_t limit = paths.size() + kMaxInterpreters;
+        for (size_t i = 0; i < paths.size(); ++i) {
             UniqueFd file(static_cast<int>(
-                ::syscall(SYS_openat2, root.get(), path.c_str(), &how, sizeof how)));
+                ::syscall(SYS_openat2, root.get(), paths[i].c_str(), &how, sizeof how)));
             struct stat info {};
             if (!file || ::fstat(file.get(), &info) != 0 || !S_ISREG(info.st_mode)) continue;
+            if ((info.st_mode & 0111) != 0 && paths.size() < limit) {
+                std::string head(kProgramHeadBytes, '\0');
+                const ssize_t got = ::pread(file.get(), head.data(), head.size(), 0);
+                head.resize(got > 0 ? static_cast<size_t>(got) : 0);
+                if (std::optional<std::string> interpreter = program_interpreter(head)) {
+                    paths.push_back(std::move(*interpreter));
+                }
+            }
             // The start of the file is what exec or a parser reads first; the server's read
             // hook then queues the rest as for any other read.
             (void)::readahead(file.get(), 0, kChunkBytes);

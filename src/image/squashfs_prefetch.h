@@ -18,8 +18,9 @@
 // files they never open, and reading those would only take time from the payload.
 //
 // Before that, the thread warms up what every start needs: while init still creates its
-// namespaces, it looks up the files sqbox's set-up reads and the places the command may be found,
-// and reads the first chunk of those that are regular files. Init and the payload then find
+// namespaces, it looks up the files sqbox's set-up reads, the places the command may be found and
+// the interpreter the command is run with (its dynamic loader, a script's shell), and reads the
+// first chunk of those that are regular files. Init and the payload then find
 // those names (and missing names: the server lets the kernel cache those too) in the kernel's
 // cache instead of waiting for the server one lookup at a time.
 #pragma once

@@ -3,10 +3,12 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <vector>
@@ -20,6 +22,7 @@
 #include "runtime/stage_report.h"
 #include "runtime/user_namespace.h"
 #include "util/errors.h"
+#include "util/fd_passing.h"
 #include "util/files.h"
 
 namespace sqbox {
@@ -70,6 +73,8 @@ std::vector<std::string> first_lookups(const SandboxConfig& config) {
             start = end + 1;
         }
     }
+    // What glibc's dynamic loader reads first in any dynamically linked program.
+    paths.insert(paths.end(), {"/etc/ld.so.preload", "/etc/ld.so.cache"});
     return paths;
 }
 
@@ -122,30 +127,32 @@ void run_supervisor(const SupervisorContext& context) {
         // network namespace it creates first is built while the image is mounted here.
         Pipe init_report = make_pipe("init report");
         Pipe lifeline = make_pipe("lifeline");
-        Pipe image_ready = make_pipe("image ready");
+        // A socket rather than a pipe: if init is already gone, the send fails instead of
+        // killing this process with SIGPIPE, and init's own report says what happened.
+        auto [image_ready, init_image_ready] = make_message_channel("the image-ready channel");
         const auto started = Clock::now();
         pid_t init_pid = clone_process(kSandboxNamespaces & ~CLONE_NEWNS, "sandbox namespaces");
         if (init_pid == 0) {
             init_report.read_end.reset();
             lifeline.write_end.reset();
-            image_ready.write_end.reset();
+            image_ready.reset();
             run_init({&plan, init_report.write_end.get(), lifeline.read_end.get(),
-                      image_ready.read_end.get()});
+                      init_image_ready.get()});
         }
         ChildProcess init(init_pid);
         init_report.write_end.reset();
         lifeline.read_end.reset();
-        image_ready.read_end.reset();
+        init_image_ready.reset();
 
         ChildProcess server =
             mount_image_and_serve(image, ids,
                                   {context.report_fd, plan.channel_fd, init_report.read_end.get(),
-                                   lifeline.write_end.get(), image_ready.write_end.get()},
+                                   lifeline.write_end.get(), image_ready.get()},
                                   first_lookups(config));
-        if (!write_all(image_ready.write_end.get(), "1", 1)) {
+        if (::send(image_ready.get(), "1", 1, MSG_NOSIGNAL) != 1 && errno != EPIPE) {
             throw system_error("cannot tell init that the image is ready");
         }
-        image_ready.write_end.reset();
+        image_ready.reset();
 
         std::optional<Clock::time_point> deadline;
         if (config.timeout_seconds) {

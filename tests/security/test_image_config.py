@@ -225,17 +225,21 @@ class _OpenWatch:
 def test_image_symlinks_do_not_make_the_image_server_open_host_files(box, busybox_rootfs,
                                                                       host_sentinel, tmp_path):
     """The image server looks up and reads ahead, through its own view of the filesystem (where
-    the host's root is /oldroot), what the sandbox needs first: the image's /etc files and the
-    command along PATH. Those are symlinks to a host file here, absolute and through /oldroot;
-    resolved as in the sandbox they lead nowhere, and the host file is never even opened."""
+    the host's root is /oldroot), what the sandbox needs first: the image's /etc files, the
+    command along PATH and the interpreter it names. Those are symlinks to a host file here,
+    absolute and through /oldroot, and a script whose "#!" names it; resolved as in the sandbox
+    they lead nowhere, and the host file is never even opened."""
     rootfs = _rootfs_with(busybox_rootfs, tmp_path / "rootfs")
     targets = ["/oldroot" + str(host_sentinel.file), str(host_sentinel.file)]
     for index, name in enumerate(["fstab", "environment", "hosts", "hostname", "resolv.conf"]):
         (rootfs / "etc" / name).unlink(missing_ok=True)
         os.symlink(targets[index % 2], rootfs / "etc" / name)
-    for index, directory in enumerate(["usr/local/sbin", "usr/local/bin"]):
-        (rootfs / directory).mkdir(parents=True, exist_ok=True)
-        os.symlink(targets[index], rootfs / directory / "planted")
+    (rootfs / "usr" / "local" / "sbin").mkdir(parents=True, exist_ok=True)
+    os.symlink(targets[0], rootfs / "usr" / "local" / "sbin" / "planted")
+    # An executable the sandbox cannot run (no such interpreter), so PATH search goes on.
+    (rootfs / "usr" / "local" / "bin").mkdir(parents=True, exist_ok=True)
+    (rootfs / "usr" / "local" / "bin" / "planted").write_text(f"#!{targets[0]}\n")
+    (rootfs / "usr" / "local" / "bin" / "planted").chmod(0o755)
     # The command is found further along PATH, and runs long enough for the server to be done.
     (rootfs / "usr" / "bin" / "planted").write_text("#!/bin/sh\nsleep 0.5\necho ran\n")
     (rootfs / "usr" / "bin" / "planted").chmod(0o755)
