@@ -170,6 +170,90 @@ void install_etc_files(int root_fd, bool writable, bool persistent,
     }
 }
 
+std::vector<GeneratedFile> generated_etc_files(const SandboxConfig& config) {
+    return {{"hostname", config.hostname + "\n"},
+            {"hosts", "127.0.0.1\tlocalhost " + config.hostname +
+                          "\n::1\tlocalhost ip6-localhost ip6-loopback\n"},
+            {"resolv.conf", "# sqbox: no network but loopback in this sandbox\n"}};
+}
+
+// Writes the generated files straight into the throwaway upper layer, before the overlay is
+// mounted: the merged /etc then shows them over the image's, as if they had been written
+// through the overlay, without copying the image's /etc up (which asks the image server for
+// every name involved). Only where the image's /etc is a plain directory whose owner and mode
+// the upper one can take; false otherwise, and the files are written through the root later.
+bool seed_upper_etc(int upper_fd, const std::string& lower_etc,
+                    const std::vector<GeneratedFile>& files) {
+    struct stat lower {};
+    if (::lstat(lower_etc.c_str(), &lower) != 0 || !S_ISDIR(lower.st_mode)) return false;
+    if (::mkdirat(upper_fd, "etc", 0700) != 0) throw system_error("cannot create upper/etc");
+    UniqueFd etc(::openat(upper_fd, "etc", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!etc) throw system_error("cannot open upper/etc");
+    if (::fchown(etc.get(), lower.st_uid, lower.st_gid) != 0 ||
+        ::fchmod(etc.get(), lower.st_mode & 07777) != 0) {
+        // An owner this user namespace cannot map (a directory image of another user's).
+        if (::unlinkat(upper_fd, "etc", AT_REMOVEDIR) != 0) {
+            throw system_error("cannot remove upper/etc");
+        }
+        return false;
+    }
+    for (const auto& file : files) {
+        write_file_at(etc.get(), file.name, file.content, O_EXCL | O_NOFOLLOW);
+    }
+    return true;
+}
+
+// mount_root_layers, with the generated /etc files seeded into a throwaway upper layer (and
+// `etc_seeded` telling whether they were).
+PreparedRoot mount_layers(const SandboxConfig& config, const std::vector<GeneratedFile>& etc_files,
+                          bool& etc_seeded) {
+    etc_seeded = false;
+    // Everything writable for this sandbox lives in one size-capped tmpfs.
+    UniqueFd sandbox_fs =
+        create_filesystem("tmpfs", writable_tmpfs_options(config.tmpfs_size_bytes, "0755"),
+                          MountAttr::kNoSuid | MountAttr::kNoDev, "sandbox tmpfs");
+    for (const char* dir : {"upper", "work", "root"}) {
+        if (::mkdirat(sandbox_fs.get(), dir, 0755) != 0) {
+            throw system_error(std::string("cannot create sandbox directory ") + dir);
+        }
+    }
+    if (!etc_files.empty() && config.persistent_layer.empty()) {
+        UniqueFd upper(
+            ::openat(sandbox_fs.get(), "upper", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+        if (!upper) throw system_error("cannot open the upper layer");
+        etc_seeded = seed_upper_etc(upper.get(), std::string(kImageDir) + "/etc", etc_files);
+    }
+    attach_mount_at(sandbox_fs.get(), kSandboxDir, "sandbox tmpfs");
+
+    // The root is assembled writable, so mount points can be created in it, and sealed read-only
+    // at the end when asked. A container's persistent layer takes the writes only with
+    // --rw-style access; otherwise it is one more read-only layer under the throwaway one.
+    const std::string root_path = std::string(kSandboxDir) + "/root";
+    const bool persistent = !config.persistent_layer.empty() && !config.read_only_root;
+    std::string lower = kImageDir;
+    std::string layer_dir = kSandboxDir;
+    if (!config.persistent_layer.empty()) {
+        const std::string host_layer = std::string(kOldRootDir) + config.persistent_layer;
+        if (persistent) {
+            layer_dir = host_layer;
+        } else {
+            lower = host_layer + "/upper:" + lower;
+        }
+    }
+    PreparedRoot prepared;
+    prepared.writable = mount_overlay(root_path, lower, layer_dir);
+    if (!prepared.writable) {
+        if (!config.persistent_layer.empty()) {
+            throw Error(
+                "a container's persistent layer needs overlayfs, which is not permitted here");
+        }
+        etc_seeded = false;  // the upper layer is not used
+        bind_read_only_image(root_path);
+    }
+    prepared.root = open_directory(root_path);
+    return prepared;
+}
+
 }  // namespace
 
 void enter_scratch_root() {
@@ -220,47 +304,14 @@ void mount_image(const ImageSource& image, int fuse_fd, const IdMapping& ids) {
 }
 
 PreparedRoot mount_root_layers(const SandboxConfig& config) {
-    // Everything writable for this sandbox lives in one size-capped tmpfs.
-    UniqueFd sandbox_fs =
-        create_filesystem("tmpfs", writable_tmpfs_options(config.tmpfs_size_bytes, "0755"),
-                          MountAttr::kNoSuid | MountAttr::kNoDev, "sandbox tmpfs");
-    for (const char* dir : {"upper", "work", "root"}) {
-        if (::mkdirat(sandbox_fs.get(), dir, 0755) != 0) {
-            throw system_error(std::string("cannot create sandbox directory ") + dir);
-        }
-    }
-    attach_mount_at(sandbox_fs.get(), kSandboxDir, "sandbox tmpfs");
-
-    // The root is assembled writable, so mount points can be created in it, and sealed read-only
-    // at the end when asked. A container's persistent layer takes the writes only with
-    // --rw-style access; otherwise it is one more read-only layer under the throwaway one.
-    const std::string root_path = std::string(kSandboxDir) + "/root";
-    const bool persistent = !config.persistent_layer.empty() && !config.read_only_root;
-    std::string lower = kImageDir;
-    std::string layer_dir = kSandboxDir;
-    if (!config.persistent_layer.empty()) {
-        const std::string host_layer = std::string(kOldRootDir) + config.persistent_layer;
-        if (persistent) {
-            layer_dir = host_layer;
-        } else {
-            lower = host_layer + "/upper:" + lower;
-        }
-    }
-    PreparedRoot prepared;
-    prepared.writable = mount_overlay(root_path, lower, layer_dir);
-    if (!prepared.writable) {
-        if (!config.persistent_layer.empty()) {
-            throw Error(
-                "a container's persistent layer needs overlayfs, which is not permitted here");
-        }
-        bind_read_only_image(root_path);
-    }
-    prepared.root = open_directory(root_path);
-    return prepared;
+    bool etc_seeded = false;
+    return mount_layers(config, {}, etc_seeded);
 }
 
 PreparedRoot assemble_rootfs(const SandboxConfig& config) {
-    PreparedRoot prepared = mount_root_layers(config);
+    const std::vector<GeneratedFile> etc_files = generated_etc_files(config);
+    bool etc_seeded = false;
+    PreparedRoot prepared = mount_layers(config, etc_files, etc_seeded);
     const bool persistent = !config.persistent_layer.empty() && !config.read_only_root;
     const int root = prepared.root.get();
     const bool create = prepared.writable;
@@ -278,11 +329,7 @@ PreparedRoot assemble_rootfs(const SandboxConfig& config) {
             start_aside([&config, root] { lock_down_proc(root, config); });
         mount_fresh(root, "/tmp", "tmpfs", writable_tmpfs_options(config.tmpfs_size_bytes, "1777"),
                     MountAttr::kNoSuid | MountAttr::kNoDev, create);
-        install_etc_files(root, prepared.writable, persistent,
-                          {{"hostname", config.hostname + "\n"},
-                           {"hosts", "127.0.0.1\tlocalhost " + config.hostname +
-                                         "\n::1\tlocalhost ip6-localhost ip6-loopback\n"},
-                           {"resolv.conf", "# sqbox: no network but loopback in this sandbox\n"}});
+        if (!etc_seeded) install_etc_files(root, prepared.writable, persistent, etc_files);
         proc_locked.get();
     }
     apply_mount_table(root, config, create);

@@ -2,6 +2,7 @@
 import hashlib
 import os
 import socket
+import subprocess
 import threading
 
 import pytest
@@ -257,3 +258,81 @@ def test_image_environment_symlink_is_not_followed(sqbox, busybox_image, tmp_pat
     result = sqbox.run(str(rootfs), "env", env=env)
     assert result.returncode == 0, result.stderr
     assert "api-key-456" not in result.stdout
+
+
+GENERATED_ETC = {
+    "hostname": "sandbox\n",
+    "hosts": "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+    "resolv.conf": "# sqbox: no network but loopback in this sandbox\n",
+}
+SHOW_ETC = ("for f in hostname hosts resolv.conf; do cat /etc/$f; done; echo ==;"
+            "cat /etc/passwd | md5sum; ls -a /etc | md5sum; stat -c '%a %u' /etc; echo ==;")
+
+
+def _etc_variant_image(tmp_path, busybox_image, variant):
+    """The busybox image with its /etc changed as `variant` says, as a .sqsh."""
+    rootfs = tmp_path / "rootfs"
+    subprocess.run(["unsquashfs", "-q", "-n", "-no-xattrs", "-d", str(rootfs), busybox_image],
+                   check=True, stdout=subprocess.DEVNULL)
+    etc = rootfs / "etc"
+    if variant == "symlinks":  # the image's files are symlinks: replaced, never followed
+        for name in GENERATED_ETC:
+            (etc / name).unlink(missing_ok=True)
+            os.symlink("passwd" if name == "hosts" else "/etc/group", etc / name)
+    elif variant == "missing":
+        for name in GENERATED_ETC:
+            (etc / name).unlink(missing_ok=True)
+    image = tmp_path / f"{variant}.sqsh"
+    subprocess.run(["mksquashfs", str(rootfs), str(image), "-all-root", "-noappend", "-quiet",
+                    "-no-progress"], check=True, stdout=subprocess.DEVNULL)
+    return image, rootfs
+
+
+@pytest.mark.parametrize("variant", ["plain", "symlinks", "missing"])
+def test_generated_etc_files_replace_the_images(sqbox, busybox_image, tmp_path, variant):
+    """/etc/hostname, hosts and resolv.conf are sqbox's, whatever the image has there; the rest
+    of /etc is the image's; in a writable root they are ordinary files the payload may change,
+    rename and delete; and --read-only shows the same files, unwritable."""
+    image, rootfs = _etc_variant_image(tmp_path, busybox_image, variant)
+    real_etc = (rootfs / "etc").resolve()
+    expected_generated = "".join(GENERATED_ETC[name] for name in
+                                 ("hostname", "hosts", "resolv.conf"))
+    result = sqbox.run(str(image), "sh", "-c", SHOW_ETC +
+                       "echo more >> /etc/hosts && mv /etc/hostname /etc/renamed &&"
+                       " rm /etc/resolv.conf && tail -1 /etc/hosts && cat /etc/renamed &&"
+                       " ls /etc/hostname /etc/resolv.conf 2>&1 | wc -l")
+    assert result.returncode == 0, result.stderr
+    generated, listing, changed = result.stdout.split("==\n")
+    assert generated == expected_generated
+    passwd_md5, names_md5, etc_mode = listing.splitlines()
+    assert passwd_md5.split()[0] == hashlib.md5((real_etc / "passwd").read_bytes()).hexdigest()
+    names = sorted({".", "..", *os.listdir(real_etc), *GENERATED_ETC})
+    assert names_md5.split()[0] == hashlib.md5(("\n".join(names) + "\n").encode()).hexdigest()
+    assert etc_mode == f"{real_etc.stat().st_mode & 0o7777:o} {os.geteuid()}"
+    assert changed == "more\nsandbox\n2\n"
+    # The image's own files (what the symlinks point at) are untouched.
+    unchanged = sqbox.run(str(image), "sh", "-c", "md5sum /etc/passwd /etc/group")
+    assert unchanged.returncode == 0, unchanged.stderr
+    for line in unchanged.stdout.splitlines():
+        digest, path = line.split()
+        assert digest == hashlib.md5((real_etc / os.path.basename(path)).read_bytes()).hexdigest()
+
+    sealed = sqbox.run(str(image), "sh", "-c", SHOW_ETC + "echo x >> /etc/hosts && echo wrote",
+                       options=["--read-only"])
+    assert sealed.stdout.split("==\n")[0] == expected_generated
+    assert "wrote" not in sealed.stdout
+
+
+def test_an_image_whose_etc_is_a_symlink_is_refused(sqbox, busybox_image, tmp_path):
+    """sqbox writes /etc/hosts and friends: a symlinked /etc could point them anywhere."""
+    rootfs = tmp_path / "rootfs"
+    subprocess.run(["unsquashfs", "-q", "-n", "-no-xattrs", "-d", str(rootfs), busybox_image],
+                   check=True, stdout=subprocess.DEVNULL)
+    (rootfs / "etc").rename(rootfs / "usr" / "etc")
+    os.symlink("usr/etc", rootfs / "etc")
+    image = tmp_path / "etc-symlink.sqsh"
+    subprocess.run(["mksquashfs", str(rootfs), str(image), "-all-root", "-noappend", "-quiet",
+                    "-no-progress"], check=True, stdout=subprocess.DEVNULL)
+    result = sqbox.run(str(image), "true")
+    assert result.returncode == 125
+    assert result.stderr == "sqbox: /etc: /etc is a symlink in the sandbox; refusing to follow it\n"
