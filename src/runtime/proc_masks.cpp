@@ -8,6 +8,7 @@
 
 #include "runtime/mounts.h"
 #include "runtime/rooted_path.h"
+#include "runtime/rootfs.h"
 #include "util/errors.h"
 
 namespace sqbox {
@@ -44,8 +45,9 @@ void mask_proc(int root_fd, bool payload_is_host_root) {
         UniqueFd target = open_entry(proc.get(), name, info);
         if (!target) continue;
         if (!payload_is_host_root && (info.st_mode & S_IROTH) == 0) continue;  // host root's
-        // /dev is sqbox's own tmpfs by now, so this path cannot be redirected by the image.
-        UniqueFd cover = clone_mount_tree(root_fd, "dev/null", false, std::string("/proc/") + name);
+        // The host's null device (as the sandbox's /dev/null is), never a path of the image's.
+        UniqueFd cover = clone_mount_tree(AT_FDCWD, std::string(kOldRootDir) + "/dev/null", false,
+                                          std::string("/proc/") + name);
         attach_mount(cover.get(), target.get(), std::string("/proc/") + name);
     }
     for (const char* name : kHiddenDirectories) {

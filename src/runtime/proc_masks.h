@@ -3,12 +3,12 @@
 
 namespace sqbox {
 
-// Inside the sandbox's fresh procfs (at /proc under `root_fd`, with /dev already populated):
-// files that leak host or kernel internals are covered by /dev/null, directories of host
-// hardware by an empty read-only tmpfs, and the kernel's knobs (/proc/sys, sysrq-trigger, ...)
-// are made read-only. Entries this kernel lacks are skipped, and so, unless the payload runs as
-// the host's root user (`payload_is_host_root`), are root-only files it could not open anyway
-// (each mount costs startup time).
+// Inside the sandbox's fresh procfs (at /proc under `root_fd`, before pivot_root, while the
+// host's /dev/null is at /oldroot/dev/null): files that leak host or kernel internals are
+// covered by the null device, directories of host hardware by an empty read-only tmpfs, and the
+// kernel's knobs (/proc/sys, sysrq-trigger, ...) are made read-only. Entries this kernel lacks
+// are skipped, and so, unless the payload runs as the host's root user (`payload_is_host_root`),
+// are root-only files it could not open anyway (each mount costs startup time).
 void mask_proc(int root_fd, bool payload_is_host_root);
 
 }  // namespace sqbox

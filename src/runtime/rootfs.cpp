@@ -319,14 +319,13 @@ PreparedRoot assemble_rootfs(const SandboxConfig& config) {
     // Order matters: system mounts first, the mount table last so it may sit on top of them.
     mount_fresh(root, "/proc", "proc", {},
                 MountAttr::kNoSuid | MountAttr::kNoDev | MountAttr::kNoExec, create);
-    mount_devices(root, create, config.tmpfs_size_bytes);
     {
-        // /proc is locked down on a second thread while /tmp and /etc are set up: neither touches
-        // the other's paths, and writing /etc mostly waits for the image server. (After /dev:
-        // the masks are copies of its null device.) Joined, and its error rethrown, before the
-        // mount table, which may mount over any of them.
+        // /proc is locked down on a second thread while /dev, /tmp and /etc are set up: neither
+        // touches the other's paths. Joined, and its error rethrown, before the mount table,
+        // which may mount over any of them.
         std::future<void> proc_locked =
             start_aside([&config, root] { lock_down_proc(root, config); });
+        mount_devices(root, create, config.tmpfs_size_bytes);
         mount_fresh(root, "/tmp", "tmpfs", writable_tmpfs_options(config.tmpfs_size_bytes, "1777"),
                     MountAttr::kNoSuid | MountAttr::kNoDev, create);
         if (!etc_seeded) install_etc_files(root, prepared.writable, persistent, etc_files);
