@@ -11,12 +11,10 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
-#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
 
-#include "image/program_interpreter.h"
 #include "util/unique_fd.h"
 
 namespace sqbox {
@@ -54,7 +52,7 @@ struct SquashfsPrefetcher::State {
     };
 
     std::string mount_point;
-    std::vector<std::string> warm_paths;
+    mutable UniqueFd root;  // the mount's root, opened by the worker on its first job
 
     std::mutex mutex;
     std::condition_variable wake;
@@ -68,9 +66,8 @@ struct SquashfsPrefetcher::State {
     }
 
     void run() {
-        warm_up();
         // A lower priority (raising one's own nice value needs no privilege): on a busy machine
-        // the serving thread and the payloads go first. (Not for the warm-up: init is waiting.)
+        // the serving thread and the payloads go first.
         (void)setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWorkerNice);
         std::deque<Job> active;
         for (;;) {
@@ -89,48 +86,23 @@ struct SquashfsPrefetcher::State {
         }
     }
 
-    // Resolved as in the sandbox (absolute symlinks stay inside the image) and only within the
-    // FUSE mount, which is nodev: nothing but the image's own files is ever opened. O_NONBLOCK:
-    // a FIFO does not block the open. Failures (missing names included) are the point or
-    // harmless.
-    // The interpreter of an executable on the list (a program's dynamic loader, a script's
-    // shell, that shell's loader) joins it; at most this many, so that a chain of scripts
-    // cannot keep the warm-up going.
-    static constexpr size_t kMaxInterpreters = 4;
-
-    void warm_up() const {
-        UniqueFd root(::open(mount_point.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
-        if (!root) return;
-        open_how how{};
-        how.flags = O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC;
-        how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_XDEV | RESOLVE_NO_MAGICLINKS;
-        std::vector<std::string> paths = warm_paths;
-        const size_t limit = paths.size() + kMaxInterpreters;
-        for (size_t i = 0; i < paths.size(); ++i) {
-            UniqueFd file(static_cast<int>(
-                ::syscall(SYS_openat2, root.get(), paths[i].c_str(), &how, sizeof how)));
-            struct stat info {};
-            if (!file || ::fstat(file.get(), &info) != 0 || !S_ISREG(info.st_mode)) continue;
-            if ((info.st_mode & 0111) != 0 && paths.size() < limit) {
-                std::string head(kProgramHeadBytes, '\0');
-                const ssize_t got = ::pread(file.get(), head.data(), head.size(), 0);
-                head.resize(got > 0 ? static_cast<size_t>(got) : 0);
-                if (std::optional<std::string> interpreter = program_interpreter(head)) {
-                    paths.push_back(std::move(*interpreter));
-                }
-            }
-            // The start of the file is what exec or a parser reads first; the server's read
-            // hook then queues the rest as for any other read.
-            (void)::readahead(file.get(), 0, kChunkBytes);
-        }
-    }
-
     // Asks the kernel to read the next chunk of `job`; true if the job has more to do. Any
     // failure just ends the job: the payload's own reads still work.
     bool read_ahead_chunk(Job& job) const {
         if (!job.file) {
-            const std::string path = mount_point + job.path;
-            job.file.reset(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY));
+            // Only through names the kernel has cached (RESOLVE_CACHED): a lookup would be a
+            // request to this very process, and a thread of the server waiting on its own
+            // server cannot be killed once the request is read (see the header).
+            if (!root) {
+                root.reset(::open(mount_point.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+                if (!root) return false;
+            }
+            open_how how{};
+            how.flags = O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY;
+            how.resolve = RESOLVE_CACHED | RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS;
+            const std::string relative = job.path.substr(1);  // below the mount's root
+            job.file.reset(static_cast<int>(
+                ::syscall(SYS_openat2, root.get(), relative.c_str(), &how, sizeof how)));
             if (!job.file) return false;
         }
         const uint64_t length = std::min(kChunkBytes, job.end - job.offset);
@@ -142,11 +114,9 @@ struct SquashfsPrefetcher::State {
     }
 };
 
-SquashfsPrefetcher::SquashfsPrefetcher(std::string mount_point, PrefetchLimits limits,
-                                       std::vector<std::string> warm_paths)
+SquashfsPrefetcher::SquashfsPrefetcher(std::string mount_point, PrefetchLimits limits)
     : limits_(limits), budget_left_(limits.total_bytes), state_(std::make_shared<State>()) {
     state_->mount_point = std::move(mount_point);
-    state_->warm_paths = std::move(warm_paths);
     std::thread([state = state_] { state->run(); }).detach();
 }
 

@@ -17,12 +17,12 @@
 // Only reads start a prefetch, not lookups: stat-heavy payloads (ls -l, find, pip) look up many
 // files they never open, and reading those would only take time from the payload.
 //
-// Before that, the thread warms up what every start needs: while init still creates its
-// namespaces, it looks up the files sqbox's set-up reads, the places the command may be found and
-// the interpreter the command is run with (its dynamic loader, a script's shell), and reads the
-// first chunk of those that are regular files. Init and the payload then find
-// those names (and missing names: the server lets the kernel cache those too) in the kernel's
-// cache instead of waiting for the server one lookup at a time.
+// The worker never makes a request it would have to wait for: it opens files only through names
+// the kernel has cached (RESOLVE_CACHED), and readahead(2) does not wait. A thread of the server
+// waiting for an answer from its own server cannot be killed once the request has been read
+// (the kernel then waits, uninterruptibly, for the answer), and it keeps the process's
+// /dev/fuse descriptor, so the connection would never end. What must be looked up ahead is
+// looked up by the supervisor instead (runtime/image_warm_up.h).
 #pragma once
 
 #include <sys/types.h>
@@ -49,9 +49,7 @@ struct PrefetchLimits {
 class SquashfsPrefetcher {
   public:
     // `mount_point`: where the image is mounted in the server's own mount namespace.
-    // `warm_paths`: absolute paths in the image to warm up first (see above).
-    SquashfsPrefetcher(std::string mount_point, PrefetchLimits limits,
-                       std::vector<std::string> warm_paths);
+    SquashfsPrefetcher(std::string mount_point, PrefetchLimits limits);
     // Tells the worker to stop and lets it finish on its own (it holds no lock anyone waits for).
     ~SquashfsPrefetcher();
     SquashfsPrefetcher(const SquashfsPrefetcher&) = delete;

@@ -281,7 +281,7 @@ int serve_squashfs(sqfs_ll* image, int fuse_fd, const SquashfsServerOptions& opt
     if (status == 0) {
         try {
             if (!options.mount_point.empty()) {
-                prefetcher.emplace(options.mount_point, PrefetchLimits{}, options.warm_paths);
+                prefetcher.emplace(options.mount_point, PrefetchLimits{});
                 g_prefetcher = &*prefetcher;
             }
         } catch (const std::system_error&) {

@@ -19,9 +19,6 @@ struct SquashfsServerOptions {
     // Where the image is mounted in the server's mount namespace; the prefetch thread opens files
     // there (none without it).
     std::string mount_point;
-    // Paths (in the image) the sandbox is known to need first: the prefetch thread looks them up
-    // as soon as the server runs, so that those lookups are cached by the time they are made.
-    std::vector<std::string> warm_paths;
 };
 
 // Serves FUSE requests arriving on `fuse_fd` (an open /dev/fuse already mounted) from the image

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "image/squashfs_server.h"
+#include "runtime/image_warm_up.h"
 #include "runtime/init.h"
-#include "runtime/payload.h"
 #include "runtime/process.h"
 #include "runtime/rootfs.h"
 #include "runtime/signals.h"
@@ -49,38 +49,8 @@ IdMapping map_ids_and_seal(const SandboxConfig& config) {
     return ids;
 }
 
-std::vector<std::string> first_lookups(const SandboxConfig& config) {
-    std::vector<std::string> paths = {"/etc/hostname", "/etc/hosts", "/etc/resolv.conf",
-                                      "/etc/fstab", "/etc/environment"};
-    if (config.entrypoint == SandboxConfig::Entrypoint::kEnrootRc) paths.emplace_back("/etc/rc");
-    if (config.command.empty()) return paths;
-    const std::string& program = config.command.front();
-    if (program.starts_with('/')) {
-        paths.push_back(program);
-    } else if (program.find('/') == std::string::npos) {
-        // The PATH the payload searches: the default unless --env sets one (the image's
-        // /etc/environment may too, but it is not read yet; this is only a hint).
-        std::string search = kDefaultPayloadPath;
-        for (const auto& [key, value] : config.environment) {
-            if (key == "PATH") search = value;
-        }
-        size_t start = 0;
-        while (start <= search.size()) {
-            size_t end = search.find(':', start);
-            if (end == std::string::npos) end = search.size();
-            const std::string dir = search.substr(start, end - start);
-            if (dir.starts_with('/')) paths.push_back(dir + "/" + program);
-            start = end + 1;
-        }
-    }
-    // What glibc's dynamic loader reads first in any dynamically linked program.
-    paths.insert(paths.end(), {"/etc/ld.so.preload", "/etc/ld.so.cache"});
-    return paths;
-}
-
 ChildProcess mount_image_and_serve(const ImageSource& image, const IdMapping& ids,
-                                   const std::vector<int>& close_in_server,
-                                   std::vector<std::string> warm_paths) {
+                                   const std::vector<int>& close_in_server) {
     UniqueFd fuse;
     if (image.kind == ImageSource::Kind::kSquashfs) {
         fuse.reset(::open("/dev/fuse", O_RDWR | O_CLOEXEC));
@@ -98,9 +68,8 @@ ChildProcess mount_image_and_serve(const ImageSource& image, const IdMapping& id
         for (int fd : close_in_server) {
             if (fd >= 0) (void)::close(fd);
         }
-        int status =
-            serve_squashfs(image.squashfs.get(), fuse.get(),
-                           {ids.inside_uid, ids.inside_gid, kImageDir, std::move(warm_paths)});
+        int status = serve_squashfs(image.squashfs.get(), fuse.get(),
+                                    {ids.inside_uid, ids.inside_gid, kImageDir});
         ::_exit(status == 0 ? 0 : kExitSqboxFailure);
     }
     return ChildProcess(pid);  // `fuse` closes here: the server holds the connection now
@@ -147,8 +116,11 @@ void run_supervisor(const SupervisorContext& context) {
         ChildProcess server =
             mount_image_and_serve(image, ids,
                                   {context.report_fd, plan.channel_fd, init_report.read_end.get(),
-                                   lifeline.write_end.get(), image_ready.get()},
-                                  first_lookups(config));
+                                   lifeline.write_end.get(), image_ready.get()});
+        // Last fork done: from here on this process may have a second thread.
+        if (image.kind == ImageSource::Kind::kSquashfs) {
+            start_image_warm_up(kImageDir, first_lookups(config));
+        }
         if (::send(image_ready.get(), "1", 1, MSG_NOSIGNAL) != 1 && errno != EPIPE) {
             throw system_error("cannot tell init that the image is ready");
         }

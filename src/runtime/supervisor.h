@@ -23,17 +23,11 @@ inline constexpr unsigned long kSandboxNamespaces =
 // maps the caller's ids as `config` asks, then stops being dumpable.
 IdMapping map_ids_and_seal(const SandboxConfig& config);
 
-// The paths in the image that a sandbox for `config` looks up first: the files sqbox's set-up
-// reads and where its command may be found. (The image server warms them up; see
-// image/squashfs_prefetch.h.)
-std::vector<std::string> first_lookups(const SandboxConfig& config);
-
 // Both supervisors: moves to the private scratch root, mounts `image` at /image and, for a
-// squashfs image, forks the FUSE server that serves it (closing `close_in_server` there), which
-// warms up `warm_paths` first. Returns the server; no process for a directory image.
+// squashfs image, forks the FUSE server that serves it (closing `close_in_server` there).
+// Returns the server; no process for a directory image.
 ChildProcess mount_image_and_serve(const ImageSource& image, const IdMapping& ids,
-                                   const std::vector<int>& close_in_server,
-                                   std::vector<std::string> warm_paths);
+                                   const std::vector<int>& close_in_server);
 
 struct SupervisorContext {
     const SandboxPlan* plan = nullptr;

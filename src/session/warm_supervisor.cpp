@@ -269,8 +269,7 @@ void run_warm_supervisor(const WarmSupervisorContext& context) {
         null.reset();
         close_fds_except({context.image->file.get(), context.control_fd});
         const IdMapping ids = map_ids_and_seal(base);
-        ChildProcess server =
-            mount_image_and_serve(*context.image, ids, {context.control_fd}, first_lookups(base));
+        ChildProcess server = mount_image_and_serve(*context.image, ids, {context.control_fd});
         if (::mkdir("/session", 0755) != 0) throw system_error("cannot create /session");
         write_file_at(AT_FDCWD, kDriverPathInScratch, context.driver_source, O_EXCL | O_NOFOLLOW,
                       0644);

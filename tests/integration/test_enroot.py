@@ -420,6 +420,12 @@ def test_concurrent_create_start_remove_keep_the_store_consistent(enroot, busybo
     errors = []
 
     def worker(index):
+        try:
+            steps_of(index)
+        except Exception as error:  # a hung command (TimeoutExpired) fails the test too
+            errors.append(("worker", index, repr(error)))
+
+    def steps_of(index):
         own = f"own-{index}"
         for step in range(12):
             steps = [

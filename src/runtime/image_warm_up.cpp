@@ -1,0 +1,93 @@
+#include "runtime/image_warm_up.h"
+
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <optional>
+#include <system_error>
+#include <thread>
+#include <utility>
+
+#include "image/program_interpreter.h"
+#include "runtime/payload.h"
+#include "util/unique_fd.h"
+
+namespace sqbox {
+namespace {
+
+// What is read of each file: one FUSE read's worth.
+constexpr size_t kFirstChunkBytes = size_t{128} << 10;
+
+// Interpreters followed (a program's loader, a script's shell, that shell's loader): bounded, so
+// that a chain of scripts cannot keep the warm-up going.
+constexpr size_t kMaxInterpreters = 4;
+
+void warm_up(const std::string& mount_point, std::vector<std::string> paths) {
+    UniqueFd root(::open(mount_point.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    if (!root) return;
+    open_how how{};
+    // O_NONBLOCK: a FIFO does not block the open.
+    how.flags = O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC;
+    how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_XDEV | RESOLVE_NO_MAGICLINKS;
+    const size_t limit = paths.size() + kMaxInterpreters;
+    // Failures (missing names included) are the point or harmless.
+    for (size_t i = 0; i < paths.size(); ++i) {
+        UniqueFd file(static_cast<int>(
+            ::syscall(SYS_openat2, root.get(), paths[i].c_str(), &how, sizeof how)));
+        struct stat info {};
+        if (!file || ::fstat(file.get(), &info) != 0 || !S_ISREG(info.st_mode)) continue;
+        if ((info.st_mode & 0111) != 0 && paths.size() < limit) {
+            std::string head(kProgramHeadBytes, '\0');
+            const ssize_t got = ::pread(file.get(), head.data(), head.size(), 0);
+            head.resize(got > 0 ? static_cast<size_t>(got) : 0);
+            if (std::optional<std::string> interpreter = program_interpreter(head)) {
+                paths.push_back(std::move(*interpreter));
+            }
+        }
+        (void)::readahead(file.get(), 0, kFirstChunkBytes);
+    }
+}
+
+}  // namespace
+
+std::vector<std::string> first_lookups(const SandboxConfig& config) {
+    std::vector<std::string> paths = {"/etc/hostname", "/etc/hosts", "/etc/resolv.conf",
+                                      "/etc/fstab", "/etc/environment"};
+    if (config.entrypoint == SandboxConfig::Entrypoint::kEnrootRc) paths.emplace_back("/etc/rc");
+    if (config.command.empty()) return paths;
+    const std::string& program = config.command.front();
+    if (program.starts_with('/')) {
+        paths.push_back(program);
+    } else if (program.find('/') == std::string::npos) {
+        // The PATH the payload searches: the default unless --env sets one (the image's
+        // /etc/environment may too, but it is not read yet; this is only a hint).
+        std::string search = kDefaultPayloadPath;
+        for (const auto& [key, value] : config.environment) {
+            if (key == "PATH") search = value;
+        }
+        size_t start = 0;
+        while (start <= search.size()) {
+            size_t end = search.find(':', start);
+            if (end == std::string::npos) end = search.size();
+            const std::string dir = search.substr(start, end - start);
+            if (dir.starts_with('/')) paths.push_back(dir + "/" + program);
+            start = end + 1;
+        }
+    }
+    // What glibc's dynamic loader reads first in any dynamically linked program.
+    paths.insert(paths.end(), {"/etc/ld.so.preload", "/etc/ld.so.cache"});
+    return paths;
+}
+
+void start_image_warm_up(std::string mount_point, std::vector<std::string> paths) {
+    try {
+        std::thread(warm_up, std::move(mount_point), std::move(paths)).detach();
+    } catch (const std::system_error&) {
+        // No thread to be had: the sandbox only starts a little slower.
+    }
+}
+
+}  // namespace sqbox
