@@ -26,8 +26,8 @@ bool find_stored_extents(sqfs* fs, sqfs_inode* inode, uint64_t offset, uint64_t 
                          std::vector<ImageExtent>& extents);
 
 // A libfuse buffer vector naming `extents` of the image open on `image_fd`, for fuse_reply_data
-// and fuse_lowlevel_notify_store (which splice it when the kernel allows, else read it). It lives
-// in `storage`, reused from call to call.
+// (which splices it when the kernel allows, else reads it). It lives in `storage`, reused from
+// call to call.
 fuse_bufvec* image_extents_bufvec(int image_fd, const std::vector<ImageExtent>& extents,
                                   std::vector<char>& storage);
 

@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <linux/openat2.h>
 #include <sys/resource.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -52,7 +51,7 @@ struct SquashfsPrefetcher::State {
     };
 
     std::string mount_point;
-    mutable UniqueFd root;  // the mount's root, opened by the worker on its first job
+    UniqueFd root;  // the mount's root, opened by the worker
 
     std::mutex mutex;
     std::condition_variable wake;
@@ -69,6 +68,8 @@ struct SquashfsPrefetcher::State {
         // A lower priority (raising one's own nice value needs no privilege): on a busy machine
         // the serving thread and the payloads go first.
         (void)setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWorkerNice);
+        // An O_PATH open of the mount's root asks the server nothing. Without it, no job runs.
+        root.reset(::open(mount_point.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
         std::deque<Job> active;
         for (;;) {
             {
@@ -89,14 +90,11 @@ struct SquashfsPrefetcher::State {
     // Asks the kernel to read the next chunk of `job`; true if the job has more to do. Any
     // failure just ends the job: the payload's own reads still work.
     bool read_ahead_chunk(Job& job) const {
+        if (!root) return false;
         if (!job.file) {
             // Only through names the kernel has cached (RESOLVE_CACHED): a lookup would be a
             // request to this very process, and a thread of the server waiting on its own
             // server cannot be killed once the request is read (see the header).
-            if (!root) {
-                root.reset(::open(mount_point.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
-                if (!root) return false;
-            }
             open_how how{};
             how.flags = O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY;
             how.resolve = RESOLVE_CACHED | RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS;

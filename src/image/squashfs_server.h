@@ -4,7 +4,6 @@
 #include <sys/types.h>
 
 #include <string>
-#include <vector>
 
 struct sqfs_ll;
 

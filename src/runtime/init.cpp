@@ -67,11 +67,7 @@ void enter_sandbox_cgroup(int channel) {
 // failed, and its own report says why.
 void take_mount_namespace_when_image_ready(int image_ready_fd) {
     char ready = 0;
-    ssize_t n = 0;
-    do {
-        n = ::read(image_ready_fd, &ready, 1);
-    } while (n < 0 && errno == EINTR);
-    if (n != 1) ::_exit(kExitSqboxFailure);
+    if (read_full(image_ready_fd, &ready, 1) != 1) ::_exit(kExitSqboxFailure);
     (void)::close(image_ready_fd);
     if (::unshare(CLONE_NEWNS) != 0) throw system_error("unshare(CLONE_NEWNS)");
 }

@@ -186,14 +186,16 @@ bool seed_upper_etc(int upper_fd, const std::string& lower_etc,
                     const std::vector<GeneratedFile>& files) {
     struct stat lower {};
     if (::lstat(lower_etc.c_str(), &lower) != 0 || !S_ISDIR(lower.st_mode)) return false;
-    if (::mkdirat(upper_fd, "etc", 0700) != 0) throw system_error("cannot create upper/etc");
+    if (::mkdirat(upper_fd, "etc", 0700) != 0) {
+        throw system_error("cannot create /etc in the sandbox's writable layer");
+    }
     UniqueFd etc(::openat(upper_fd, "etc", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-    if (!etc) throw system_error("cannot open upper/etc");
+    if (!etc) throw system_error("cannot open /etc in the sandbox's writable layer");
     if (::fchown(etc.get(), lower.st_uid, lower.st_gid) != 0 ||
         ::fchmod(etc.get(), lower.st_mode & 07777) != 0) {
         // An owner this user namespace cannot map (a directory image of another user's).
         if (::unlinkat(upper_fd, "etc", AT_REMOVEDIR) != 0) {
-            throw system_error("cannot remove upper/etc");
+            throw system_error("cannot remove /etc from the sandbox's writable layer");
         }
         return false;
     }
@@ -203,11 +205,11 @@ bool seed_upper_etc(int upper_fd, const std::string& lower_etc,
     return true;
 }
 
-// mount_root_layers, with the generated /etc files seeded into a throwaway upper layer (and
-// `etc_seeded` telling whether they were).
-PreparedRoot mount_layers(const SandboxConfig& config, const std::vector<GeneratedFile>& etc_files,
-                          bool& etc_seeded) {
-    etc_seeded = false;
+// mount_root_layers, with the generated /etc files seeded into a throwaway upper layer where
+// that can be done (`etc_seeded` says whether it was).
+PreparedRoot mount_layers(const SandboxConfig& config,
+                          const std::vector<GeneratedFile>& etc_files) {
+    bool etc_seeded = false;
     // Everything writable for this sandbox lives in one size-capped tmpfs.
     UniqueFd sandbox_fs =
         create_filesystem("tmpfs", writable_tmpfs_options(config.tmpfs_size_bytes, "0755"),
@@ -220,7 +222,7 @@ PreparedRoot mount_layers(const SandboxConfig& config, const std::vector<Generat
     if (!etc_files.empty() && config.persistent_layer.empty()) {
         UniqueFd upper(
             ::openat(sandbox_fs.get(), "upper", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-        if (!upper) throw system_error("cannot open the upper layer");
+        if (!upper) throw system_error("cannot open the sandbox's writable layer");
         etc_seeded = seed_upper_etc(upper.get(), std::string(kImageDir) + "/etc", etc_files);
     }
     attach_mount_at(sandbox_fs.get(), kSandboxDir, "sandbox tmpfs");
@@ -247,9 +249,9 @@ PreparedRoot mount_layers(const SandboxConfig& config, const std::vector<Generat
             throw Error(
                 "a container's persistent layer needs overlayfs, which is not permitted here");
         }
-        etc_seeded = false;  // the upper layer is not used
         bind_read_only_image(root_path);
     }
+    prepared.etc_seeded = prepared.writable && etc_seeded;  // unused without the overlay
     prepared.root = open_directory(root_path);
     return prepared;
 }
@@ -304,14 +306,12 @@ void mount_image(const ImageSource& image, int fuse_fd, const IdMapping& ids) {
 }
 
 PreparedRoot mount_root_layers(const SandboxConfig& config) {
-    bool etc_seeded = false;
-    return mount_layers(config, {}, etc_seeded);
+    return mount_layers(config, {});
 }
 
 PreparedRoot assemble_rootfs(const SandboxConfig& config) {
     const std::vector<GeneratedFile> etc_files = generated_etc_files(config);
-    bool etc_seeded = false;
-    PreparedRoot prepared = mount_layers(config, etc_files, etc_seeded);
+    PreparedRoot prepared = mount_layers(config, etc_files);
     const bool persistent = !config.persistent_layer.empty() && !config.read_only_root;
     const int root = prepared.root.get();
     const bool create = prepared.writable;
@@ -328,7 +328,7 @@ PreparedRoot assemble_rootfs(const SandboxConfig& config) {
         mount_devices(root, create, config.tmpfs_size_bytes);
         mount_fresh(root, "/tmp", "tmpfs", writable_tmpfs_options(config.tmpfs_size_bytes, "1777"),
                     MountAttr::kNoSuid | MountAttr::kNoDev, create);
-        if (!etc_seeded) install_etc_files(root, prepared.writable, persistent, etc_files);
+        if (!prepared.etc_seeded) install_etc_files(root, prepared.writable, persistent, etc_files);
         proc_locked.get();
     }
     apply_mount_table(root, config, create);

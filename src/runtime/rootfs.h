@@ -27,8 +27,9 @@ void enter_scratch_root();
 void mount_image(const ImageSource& image, int fuse_fd, const IdMapping& ids);
 
 struct PreparedRoot {
-    UniqueFd root;          // the sandbox's future "/"
-    bool writable = false;  // overlay (true) or read-only bind of the image (false)
+    UniqueFd root;            // the sandbox's future "/"
+    bool writable = false;    // overlay (true) or read-only bind of the image (false)
+    bool etc_seeded = false;  // the generated /etc files are already in the writable layer
 };
 
 // Init: mounts the root's layers only (image, a container's layer, the writable layer) under
