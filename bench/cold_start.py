@@ -60,50 +60,69 @@ def extract(image, workdir, user):
     return rootfs
 
 
-def commands(sqbox, image, rootfs, user, compare=None):
-    """(name, argv) for each row; every row goes through runuser when --as-user."""
+def commands(sqbox, image, rootfs, user, caches, compare=None):
+    """(name, argv, environment) for each row; every row goes through runuser when --as-user.
+
+    sqbox rows get their own SQBOX_CACHE_DIR: an empty one (no warm-up list), or for the
+    learned row one where `sqbox run --learn-warm-up` saved the image's list before measuring.
+    """
     if os.geteuid() == 0 and not user:
         native = ("native (chroot)", ["chroot", rootfs] + PAYLOAD)
     else:
         # chroot needs CAP_SYS_CHROOT: take it in a fresh user namespace.
         native = ("native (unshare -r chroot)", ["unshare", "-r", "chroot", rootfs] + PAYLOAD)
+    no_list = {"SQBOX_CACHE_DIR": caches["none"]}
     rows = [
-        native,
+        native + (None,),
         ("bwrap --unshare-all (dir)",
          ["bwrap", "--unshare-all", "--die-with-parent", "--new-session",
           "--bind", rootfs, "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-         + PAYLOAD),
-        ("sqbox run IMAGE.sqsh", [sqbox, "run", image, "--"] + PAYLOAD),
-        ("sqbox run ROOTFS (dir)", [sqbox, "run", rootfs, "--"] + PAYLOAD),
+         + PAYLOAD, None),
+        ("sqbox run IMAGE.sqsh", [sqbox, "run", image, "--"] + PAYLOAD, no_list),
+        ("sqbox run ROOTFS (dir)", [sqbox, "run", rootfs, "--"] + PAYLOAD, no_list),
+        ("sqbox run IMAGE.sqsh, learned warm-up list", [sqbox, "run", image, "--"] + PAYLOAD,
+         {"SQBOX_CACHE_DIR": caches["learned"]}),
     ]
     if compare:
         # Another build of sqbox (e.g. an older commit), to measure what a change costs.
-        rows.append(("compare: sqbox run IMAGE.sqsh", [compare, "run", image, "--"] + PAYLOAD))
-    return [(name, as_user(user, argv)) for name, argv in rows]
+        rows.append(("compare: sqbox run IMAGE.sqsh", [compare, "run", image, "--"] + PAYLOAD,
+                     no_list))
+    return [(name, as_user(user, argv), env) for name, argv, env in rows]
 
 
-def time_once(argv):
+def learn_warm_up_list(sqbox, image, user, cache):
+    """One learning run of the payload, which saves the image's warm-up list in CACHE."""
+    argv = as_user(user, [sqbox, "run", "--learn-warm-up", image, "--"] + PAYLOAD)
+    res = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, SQBOX_CACHE_DIR=cache))
+    if res.returncode != 0:
+        die(f"exit {res.returncode}: {' '.join(argv)}\n{res.stderr}")
+
+
+def time_once(argv, env=None):
+    full_env = dict(os.environ, **env) if env else None
     t0 = time.perf_counter()
     res = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
+                         stderr=subprocess.DEVNULL, env=full_env)
     dt = time.perf_counter() - t0
     if res.returncode != 0:
         # Rerun with stderr visible so the failure is diagnosable.
         res = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True)
+                             stderr=subprocess.PIPE, text=True, env=full_env)
         die(f"exit {res.returncode}: {' '.join(argv)}\n{res.stderr}")
     return dt * 1000.0
 
 
 def measure(rows, rounds):
     """Round-robin: one sample of each row per round, so machine noise hits all rows alike."""
-    samples = {name: [] for name, _ in rows}
+    samples = {name: [] for name, _, _ in rows}
     n = len(rows)
     for r in range(WARMUP_ROUNDS + rounds):
         # Rotate the starting row each round so no row always runs right after another.
         for i in range(n):
-            name, argv = rows[(r + i) % n]
-            ms = time_once(argv)
+            name, argv, env = rows[(r + i) % n]
+            ms = time_once(argv, env)
             if r >= WARMUP_ROUNDS:
                 samples[name].append(ms)
     return samples
@@ -222,15 +241,17 @@ def main():
     try:
         rootfs = extract(image, workdir, args.as_user)
         compare = os.path.abspath(args.compare) if args.compare else None
-        rows = commands(sqbox, image, rootfs, args.as_user, compare)
+        caches = {kind: os.path.join(workdir, f"cache-{kind}") for kind in ("none", "learned")}
+        learn_warm_up_list(sqbox, image, args.as_user, caches["learned"])
+        rows = commands(sqbox, image, rootfs, args.as_user, caches, compare)
         samples = measure(rows, args.rounds)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     rss, pids = measure_rss(sqbox, image, args.as_user)
 
     stats = {name: summarize(v) for name, v in samples.items()}
-    names = [name for name, _ in rows]
-    native, bwrap, sq_img = names[0], names[1], names[2]
+    names = [name for name, _, _ in rows]
+    native, bwrap, sq_img, sq_learned = names[0], names[1], names[2], names[4]
     for name in names:
         stats[name]["x_native"] = stats[name]["median"] / stats[native]["median"]
         stats[name]["x_bwrap"] = stats[name]["median"] / stats[bwrap]["median"]
@@ -249,6 +270,8 @@ def main():
     print()
     print(f"sqbox cold start: {stats[sq_img]['x_native']:.2f} x native, "
           f"{stats[sq_img]['x_bwrap']:.2f} x bubblewrap")
+    print(f"  with the image's learned warm-up list: {stats[sq_learned]['x_native']:.2f} x native, "
+          f"{stats[sq_learned]['x_bwrap']:.2f} x bubblewrap")
     print()
 
     own = rss["supervisor"] + rss["fuse_server"]
@@ -264,10 +287,13 @@ def main():
             json.dump({
                 "image": image, "sqbox": sqbox, "rounds": args.rounds,
                 "warmup_rounds": WARMUP_ROUNDS, "as_user": args.as_user,
-                "rows": [{"name": name, "argv": argv, "samples_ms": samples[name],
-                          **stats[name]} for name, argv in rows],
+                "rows": [{"name": name, "argv": argv, "environment": env,
+                          "samples_ms": samples[name], **stats[name]}
+                         for name, argv, env in rows],
                 "sqbox_x_native": stats[sq_img]["x_native"],
                 "sqbox_x_bwrap": stats[sq_img]["x_bwrap"],
+                "sqbox_learned_x_native": stats[sq_learned]["x_native"],
+                "sqbox_learned_x_bwrap": stats[sq_learned]["x_bwrap"],
                 "rss_kb": rss, "rss_pids": pids,
                 "supervisor_plus_fuse_kb": own, "rss_target_kb": RSS_TARGET_KB,
             }, f, indent=2)

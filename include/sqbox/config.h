@@ -119,6 +119,12 @@ struct SandboxConfig {
     // new squashfs image at this absolute host path (enroot export).
     std::string export_image_path;
 
+    // .sqsh images: the supervisor looks up the names of the image's learned warm-up list ahead
+    // of the payload (--no-warm-up turns that off); a learning run (--learn-warm-up) adds the
+    // names this run looked up to the list.
+    bool use_warm_up_list = true;
+    bool learn_warm_up = false;
+
     bool verbose = false;
 };
 

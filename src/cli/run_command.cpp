@@ -108,6 +108,10 @@ CLI::App* add_run_subcommand(CLI::App& app, RunArguments& args) {
     run->add_option("--json", args.json, "write a JSON result record to FILE")->type_name("FILE");
     run->add_flag("-t,--tty", args.tty,
                   "give the payload a terminal of its own (stdin must be a terminal)");
+    run->add_flag("--learn-warm-up", args.learn_warm_up,
+                  "add the names this run looks up in the .sqsh image to the image's warm-up "
+                  "list, which later runs look up ahead of the payload (run a command you trust)");
+    run->add_flag("--no-warm-up", args.no_warm_up, "do not use the image's warm-up list");
     run->add_flag("-v,--verbose", args.verbose, "report setup details on stderr");
     run->footer(
         "Everything after IMAGE (or after --) is the command, even words that look like "
@@ -179,6 +183,8 @@ RunOptions build_run_options(const RunArguments& args) {
     config.read_only_root = args.read_only;
     config.verbose = args.verbose;
     config.tty = args.tty;
+    config.learn_warm_up = args.learn_warm_up;
+    config.use_warm_up_list = !args.no_warm_up;
     if (!args.tmpfs_size.empty()) {
         config.tmpfs_size_bytes = parse_size(args.tmpfs_size, "--tmpfs-size");
     }

@@ -29,6 +29,8 @@ struct RunArguments {
     bool read_only = false;
     bool verbose = false;
     bool tty = false;
+    bool learn_warm_up = false;
+    bool no_warm_up = false;
     std::string tmpfs_size;
     std::string timeout;
     std::string cpu_time;

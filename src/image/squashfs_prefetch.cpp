@@ -29,17 +29,6 @@ constexpr size_t kMaxOpenFiles = 32;
 
 constexpr int kWorkerNice = 10;
 
-// The serving thread's inode number for the mount's root directory (FUSE_ROOT_ID).
-constexpr fuse_ino_t kRootInode = 1;
-
-// Names nested deeper than this are not followed back to the root (a loop would be a bug).
-constexpr int kMaxDepth = 256;
-
-// Names remembered for finding files by path: about 100 bytes each. A payload that looks up
-// every file of a huge image (ls -lR) would otherwise grow the server without bound; past this,
-// files looked up later are simply not read ahead.
-constexpr size_t kMaxNames = size_t{1} << 16;
-
 }  // namespace
 
 struct SquashfsPrefetcher::State {
@@ -112,8 +101,12 @@ struct SquashfsPrefetcher::State {
     }
 };
 
-SquashfsPrefetcher::SquashfsPrefetcher(std::string mount_point, PrefetchLimits limits)
-    : limits_(limits), budget_left_(limits.total_bytes), state_(std::make_shared<State>()) {
+SquashfsPrefetcher::SquashfsPrefetcher(std::string mount_point, const ImageNames& names,
+                                       PrefetchLimits limits)
+    : names_(&names),
+      limits_(limits),
+      budget_left_(limits.total_bytes),
+      state_(std::make_shared<State>()) {
     state_->mount_point = std::move(mount_point);
     std::thread([state = state_] { state->run(); }).detach();
 }
@@ -124,27 +117,9 @@ SquashfsPrefetcher::~SquashfsPrefetcher() {
     state_->wake.notify_one();
 }
 
-void SquashfsPrefetcher::entry_found(fuse_ino_t parent, const char* name, fuse_ino_t ino) {
-    // The first name wins for hard links: any path to the inode will do.
-    if (names_.size() < kMaxNames) names_.try_emplace(ino, Name{parent, name});
-}
-
-std::string SquashfsPrefetcher::path_of(fuse_ino_t ino) const {
-    std::vector<const std::string*> parts;
-    for (int depth = 0; ino != kRootInode; ++depth) {
-        auto found = names_.find(ino);
-        if (found == names_.end() || depth == kMaxDepth) return "";
-        parts.push_back(&found->second.name);
-        ino = found->second.parent;
-    }
-    std::string path;
-    for (auto part = parts.rbegin(); part != parts.rend(); ++part) path += "/" + **part;
-    return path;
-}
-
 void SquashfsPrefetcher::file_read(fuse_ino_t ino, uint64_t file_size, uint64_t read_end) {
     if (read_end >= file_size || budget_left_ == 0 || !queued_.insert(ino).second) return;
-    std::string path = path_of(ino);
+    std::string path = names_->path_of(ino);
     if (path.empty()) return;
     const uint64_t length = std::min({file_size - read_end, limits_.per_file_bytes, budget_left_});
     budget_left_ -= length;

@@ -30,10 +30,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
+#include "image/image_names.h"
 #include "image/squashfuse_api.h"
 
 namespace sqbox {
@@ -49,14 +49,13 @@ struct PrefetchLimits {
 class SquashfsPrefetcher {
   public:
     // `mount_point`: where the image is mounted in the server's own mount namespace.
-    SquashfsPrefetcher(std::string mount_point, PrefetchLimits limits);
+    // `names`: the serving thread's, for finding a file's path; it must outlive this object.
+    SquashfsPrefetcher(std::string mount_point, const ImageNames& names, PrefetchLimits limits);
     // Tells the worker to stop and lets it finish on its own (it holds no lock anyone waits for).
     ~SquashfsPrefetcher();
     SquashfsPrefetcher(const SquashfsPrefetcher&) = delete;
     SquashfsPrefetcher& operator=(const SquashfsPrefetcher&) = delete;
 
-    // Called by the serving thread for every name it found: the worker opens files by path.
-    void entry_found(fuse_ino_t parent, const char* name, fuse_ino_t ino);
     // Called by the serving thread after it answered a read of a regular file: queues the rest of
     // the file after `read_end`, once per file.
     void file_read(fuse_ino_t ino, uint64_t file_size, uint64_t read_end);
@@ -64,15 +63,8 @@ class SquashfsPrefetcher {
     struct State;  // shared with the worker thread, which may outlive this object
 
   private:
-    // The path below the mount point of a looked-up inode, or "" when it is not known.
-    std::string path_of(fuse_ino_t ino) const;
-
-    struct Name {
-        fuse_ino_t parent;
-        std::string name;
-    };
     // The serving thread's bookkeeping; the worker sees only the jobs it is handed.
-    std::unordered_map<fuse_ino_t, Name> names_;
+    const ImageNames* names_;
     std::unordered_set<fuse_ino_t> queued_;
     PrefetchLimits limits_;
     uint64_t budget_left_;

@@ -12,13 +12,17 @@
 #include <optional>
 #include <string>
 #include <system_error>
+#include <unordered_set>
 #include <vector>
 
 #include <malloc.h>
 
+#include "image/image_names.h"
 #include "image/squashfs_extents.h"
 #include "image/squashfs_prefetch.h"
 #include "image/squashfuse_api.h"
+#include "image/warm_up_list.h"
+#include "util/files.h"
 
 namespace sqbox {
 namespace {
@@ -30,6 +34,42 @@ constexpr double kCacheForever = DBL_MAX;
 SquashfsServerOptions g_options;
 // Null without a mount point, or when its thread could not start: reads still work.
 SquashfsPrefetcher* g_prefetcher = nullptr;
+// Paths of the inodes handed out, for the prefetcher and the learning recorder.
+ImageNames g_names;
+
+// A learning run (sqbox run --learn-warm-up) appends a record (image/warm_up_list.h) for each
+// name looked up, found or not, and for the first read of each file, to a memory file the
+// launcher reads when the sandbox is gone. Records are written as they happen, so a server
+// killed at any point leaves whole records and at most one cut short, which is dropped.
+class WarmUpRecorder {
+  public:
+    explicit WarmUpRecorder(int fd) : fd_(fd) {}
+
+    void looked_up(fuse_ino_t parent, const char* name) {
+        record({g_names.path_in(parent, name), WarmUpKind::kLookUp});
+    }
+
+    // A file read or a directory listed, for the first time.
+    void used(fuse_ino_t ino, WarmUpKind kind) {
+        if (used_inodes_.insert(ino).second) record({g_names.path_of(ino), kind});
+    }
+
+  private:
+    void record(const WarmUpName& name) {
+        if (name.path.empty() || records_ >= kMaxWarmUpRecords) return;
+        ++records_;
+        const std::string bytes = encode_warm_up_record(name);
+        if (!write_all(fd_, bytes.data(), bytes.size())) records_ = kMaxWarmUpRecords;
+    }
+
+    // Lookups and reads of one run: the list keeps kMaxWarmUpNames of them at most anyway.
+    static constexpr size_t kMaxWarmUpRecords = 4 * kMaxWarmUpNames;
+
+    int fd_;
+    size_t records_ = 0;
+    std::unordered_set<fuse_ino_t> used_inodes_;
+};
+std::optional<WarmUpRecorder> g_recorder;
 // The kernel takes spliced replies (decided in op_init).
 bool g_splice = false;
 
@@ -71,6 +111,7 @@ void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
         fuse_reply_err(req, EIO);
         return;
     }
+    if (g_recorder) g_recorder->looked_up(parent, name);
     if (!found) {
         // A negative entry (inode 0) with a timeout lets the kernel remember that the name does
         // not exist, instead of asking again on every lookup.
@@ -95,7 +136,7 @@ void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     reply.attr.st_ino = static_cast<ino_t>(reply.ino);
     apply_owner(&reply.attr);
     fuse_reply_entry(req, &reply);
-    if (g_prefetcher != nullptr) g_prefetcher->entry_found(parent, name, reply.ino);
+    g_names.add(parent, name, reply.ino);
 }
 
 // Every FUSE request is a round trip through this process, so the server answers open and opendir
@@ -162,6 +203,7 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
         fuse_reply_buf(req, buffer.data(), static_cast<size_t>(length));
     }
     if (g_prefetcher != nullptr) g_prefetcher->file_read(ino, file_size, start + wanted);
+    if (g_recorder) g_recorder->used(ino, WarmUpKind::kRead);
 }
 
 void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
@@ -199,6 +241,7 @@ void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
         return;
     }
     fuse_reply_buf(req, buffer.data(), used);
+    if (g_recorder && offset == 0) g_recorder->used(ino, WarmUpKind::kList);
 }
 
 // Symlinks never change either: let the kernel keep their targets in its page cache instead of
@@ -263,6 +306,7 @@ int run_request_loop(fuse_session* session, int fuse_fd) {
 
 int serve_squashfs(sqfs_ll* image, int fuse_fd, const SquashfsServerOptions& options) {
     g_options = options;
+    if (options.learn_fd >= 0) g_recorder.emplace(options.learn_fd);
     // libsquashfuse allocates a block-sized buffer per cache miss; keep those on the heap instead
     // of a fresh mmap (and page faults) each time.
     (void)mallopt(M_MMAP_THRESHOLD, 8 * 1024 * 1024);
@@ -281,7 +325,7 @@ int serve_squashfs(sqfs_ll* image, int fuse_fd, const SquashfsServerOptions& opt
     if (status == 0) {
         try {
             if (!options.mount_point.empty()) {
-                prefetcher.emplace(options.mount_point, PrefetchLimits{});
+                prefetcher.emplace(options.mount_point, g_names, PrefetchLimits{});
                 g_prefetcher = &*prefetcher;
             }
         } catch (const std::system_error&) {

@@ -18,6 +18,8 @@ struct SquashfsServerOptions {
     // Where the image is mounted in the server's mount namespace; the prefetch thread opens files
     // there (none without it).
     std::string mount_point;
+    // A learning run's record file (image/warm_up_list.h); -1 when not learning.
+    int learn_fd = -1;
 };
 
 // Serves FUSE requests arriving on `fuse_fd` (an open /dev/fuse already mounted) from the image

@@ -6,6 +6,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <array>
 #include <optional>
 #include <system_error>
 #include <thread>
@@ -25,7 +26,40 @@ constexpr size_t kFirstChunkBytes = size_t{128} << 10;
 // that a chain of scripts cannot keep the warm-up going.
 constexpr size_t kMaxInterpreters = 4;
 
-void warm_up(const std::string& mount_point, std::vector<std::string> paths) {
+// A directory is listed in getdents64 calls of this many bytes, at most this many calls (a huge
+// directory is only partly listed ahead: the payload lists the rest itself).
+constexpr size_t kListingBufferBytes = 32 << 10;
+constexpr size_t kMaxListingCalls = 16;
+
+// What the payload itself would do first with a name: look it up, and read a file's first chunk
+// or list a directory (the kernel keeps a directory's listing: image/squashfs_server.cpp).
+void warm_up_learned(int root, const WarmUpName& name) {
+    open_how how{};
+    // O_PATH: a lookup (following symlinks, inside the image) and nothing else.
+    how.flags = O_PATH | O_CLOEXEC;
+    if (name.kind == WarmUpKind::kRead) how.flags = O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC;
+    if (name.kind == WarmUpKind::kList) how.flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC;
+    how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_XDEV | RESOLVE_NO_MAGICLINKS;
+    UniqueFd file(
+        static_cast<int>(::syscall(SYS_openat2, root, name.path.c_str(), &how, sizeof how)));
+    if (!file) return;
+    if (name.kind == WarmUpKind::kList) {
+        std::array<char, kListingBufferBytes> entries{};
+        for (size_t calls = 0; calls < kMaxListingCalls; ++calls) {
+            if (::syscall(SYS_getdents64, file.get(), entries.data(), entries.size()) <= 0) break;
+        }
+        return;
+    }
+    struct stat info {};
+    if (name.kind != WarmUpKind::kRead || ::fstat(file.get(), &info) != 0 ||
+        !S_ISREG(info.st_mode)) {
+        return;
+    }
+    (void)::readahead(file.get(), 0, kFirstChunkBytes);
+}
+
+void warm_up(const std::string& mount_point, std::vector<std::string> paths,
+             const std::vector<WarmUpName>& learned) {
     UniqueFd root(::open(mount_point.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
     if (!root) return;
     open_how how{};
@@ -49,6 +83,7 @@ void warm_up(const std::string& mount_point, std::vector<std::string> paths) {
         }
         (void)::readahead(file.get(), 0, kFirstChunkBytes);
     }
+    for (const auto& name : learned) warm_up_learned(root.get(), name);
 }
 
 }  // namespace
@@ -82,11 +117,25 @@ std::vector<std::string> first_lookups(const SandboxConfig& config) {
     return paths;
 }
 
-void start_image_warm_up(std::string mount_point, std::vector<std::string> paths) {
+ImageWarmUp::~ImageWarmUp() {
+    if (thread_.joinable()) thread_.detach();
+}
+
+void ImageWarmUp::wait() {
+    if (thread_.joinable()) thread_.join();
+}
+
+ImageWarmUp start_image_warm_up(std::string mount_point, std::vector<std::string> paths,
+                                std::vector<WarmUpName> learned) {
     try {
-        std::thread(warm_up, std::move(mount_point), std::move(paths)).detach();
+        return ImageWarmUp(
+            std::thread([mount_point = std::move(mount_point), paths = std::move(paths),
+                         learned = std::move(learned)]() mutable {
+                warm_up(mount_point, std::move(paths), learned);
+            }));
     } catch (const std::system_error&) {
         // No thread to be had: the sandbox only starts a little slower.
+        return {};
     }
 }
 

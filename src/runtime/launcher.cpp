@@ -19,6 +19,7 @@
 #include "runtime/stage_report.h"
 #include "runtime/stdio_relay.h"
 #include "runtime/supervisor.h"
+#include "runtime/warm_up_learning.h"
 #include "security/landlock.h"
 #include "security/seccomp_choice.h"
 #include "sqbox/sandbox.h"
@@ -253,6 +254,7 @@ RunResult run_sandbox(const SandboxConfig& config) {
         std::optional<SandboxCgroup> cgroup = SandboxCgroup::plan(config);
         SandboxCgroup* cgroup_ptr = cgroup ? &*cgroup : nullptr;
         SandboxPlan plan = make_plan(config, cgroup_ptr);
+        WarmUpLearning warm_up_list(config, image, plan);
         Pipe report_pipe = make_pipe("supervisor report");
         auto [channel, init_channel] = make_message_channel("the sandbox's channel");
         plan.channel_fd = init_channel.get();
@@ -292,6 +294,7 @@ RunResult run_sandbox(const SandboxConfig& config) {
         }
         const StageReport& report = *supervision.report;
         fill_result(report, result);
+        warm_up_list.save();
         result.stdout_truncated = relay.stdout_truncated();
         result.stderr_truncated = relay.stderr_truncated();
         result.limits = describe_limits(config.limits, cgroup_ptr);

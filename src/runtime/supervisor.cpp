@@ -50,7 +50,7 @@ IdMapping map_ids_and_seal(const SandboxConfig& config) {
 }
 
 ChildProcess mount_image_and_serve(const ImageSource& image, const IdMapping& ids,
-                                   const std::vector<int>& close_in_server) {
+                                   const std::vector<int>& close_in_server, int learn_fd) {
     UniqueFd fuse;
     if (image.kind == ImageSource::Kind::kSquashfs) {
         fuse.reset(::open("/dev/fuse", O_RDWR | O_CLOEXEC));
@@ -69,7 +69,7 @@ ChildProcess mount_image_and_serve(const ImageSource& image, const IdMapping& id
             if (fd >= 0) (void)::close(fd);
         }
         int status = serve_squashfs(image.squashfs.get(), fuse.get(),
-                                    {ids.inside_uid, ids.inside_gid, kImageDir});
+                                    {ids.inside_uid, ids.inside_gid, kImageDir, learn_fd});
         ::_exit(status == 0 ? 0 : kExitSqboxFailure);
     }
     return ChildProcess(pid);  // `fuse` closes here: the server holds the connection now
@@ -85,7 +85,7 @@ void run_supervisor(const SupervisorContext& context) {
         // forwards them exactly once.
         if (::setpgid(0, 0) != 0) throw system_error("setpgid");
         std::vector<int> keep = {image.file.get(), context.report_fd};
-        for (int fd : {plan.diagnostics_fd, plan.channel_fd}) {
+        for (int fd : {plan.diagnostics_fd, plan.channel_fd, plan.learn_fd}) {
             if (fd >= 0) keep.push_back(fd);
         }
         close_fds_except(keep);
@@ -116,11 +116,13 @@ void run_supervisor(const SupervisorContext& context) {
         ChildProcess server =
             mount_image_and_serve(image, ids,
                                   {context.report_fd, plan.channel_fd, init_report.read_end.get(),
-                                   lifeline.write_end.get(), image_ready.get()});
+                                   lifeline.write_end.get(), image_ready.get()},
+                                  plan.learn_fd);
         // Last fork done: from here on this process may have a second thread.
-        if (image.kind == ImageSource::Kind::kSquashfs) {
-            start_image_warm_up(kImageDir, first_lookups(config));
-        }
+        ImageWarmUp warm_up =
+            image.kind == ImageSource::Kind::kSquashfs
+                ? start_image_warm_up(kImageDir, first_lookups(config), plan.warm_up_names)
+                : ImageWarmUp();
         if (::send(image_ready.get(), "1", 1, MSG_NOSIGNAL) != 1 && errno != EPIPE) {
             throw system_error("cannot tell init that the image is ready");
         }
@@ -177,6 +179,9 @@ void run_supervisor(const SupervisorContext& context) {
                 std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - started)
                     .count();
         }
+        // A learning run records what the warm-up looked up as well: an image's list keeps
+        // what earlier learning runs added.
+        if (config.learn_warm_up && !server_died) warm_up.wait();
         server.kill_and_reap();
         send_report(context.report_fd, report);
         ::_exit(0);

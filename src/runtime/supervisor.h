@@ -25,9 +25,10 @@ IdMapping map_ids_and_seal(const SandboxConfig& config);
 
 // Both supervisors: moves to the private scratch root, mounts `image` at /image and, for a
 // squashfs image, forks the FUSE server that serves it (closing `close_in_server` there).
-// Returns the server; no process for a directory image.
+// Returns the server; no process for a directory image. `learn_fd`: where the server records
+// a learning run's lookups and reads (-1: not learning).
 ChildProcess mount_image_and_serve(const ImageSource& image, const IdMapping& ids,
-                                   const std::vector<int>& close_in_server);
+                                   const std::vector<int>& close_in_server, int learn_fd = -1);
 
 struct SupervisorContext {
     const SandboxPlan* plan = nullptr;

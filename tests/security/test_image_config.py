@@ -4,8 +4,10 @@ it was.
 """
 import ctypes
 import os
+import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -222,20 +224,19 @@ class _OpenWatch:
             os.close(self.fd)
 
 
-def test_image_symlinks_do_not_make_the_image_server_open_host_files(box, busybox_rootfs,
-                                                                      host_sentinel, tmp_path):
-    """The image server looks up and reads ahead, through its own view of the filesystem (where
-    the host's root is /oldroot), what the sandbox needs first: the image's /etc files, the
-    command along PATH and the interpreter it names. Those are symlinks to a host file here,
-    absolute and through /oldroot, and a script whose "#!" names it; resolved as in the sandbox
-    they lead nowhere, and the host file is never even opened."""
+def _image_pointing_at_host_file(busybox_rootfs, host_file, tmp_path):
+    """An image whose /etc files, PATH candidates and a script's "#!" line lead to `host_file`:
+    absolute symlinks, symlinks through /oldroot (where the supervisor and the image server see
+    the host's root). Its command `planted` runs long enough for any warm-up to be done."""
     rootfs = _rootfs_with(busybox_rootfs, tmp_path / "rootfs")
-    targets = ["/oldroot" + str(host_sentinel.file), str(host_sentinel.file)]
+    targets = ["/oldroot" + str(host_file), str(host_file)]
     for index, name in enumerate(["fstab", "environment", "hosts", "hostname", "resolv.conf"]):
         (rootfs / "etc" / name).unlink(missing_ok=True)
         os.symlink(targets[index % 2], rootfs / "etc" / name)
     (rootfs / "usr" / "local" / "sbin").mkdir(parents=True, exist_ok=True)
     os.symlink(targets[0], rootfs / "usr" / "local" / "sbin" / "planted")
+    os.symlink(targets[1], rootfs / "usr" / "local" / "sbin" / "planted-absolute")
+    os.symlink(str(host_file.parent), rootfs / "usr" / "local" / "sbin" / "planted-directory")
     # An executable the sandbox cannot run (no such interpreter), so PATH search goes on.
     (rootfs / "usr" / "local" / "bin").mkdir(parents=True, exist_ok=True)
     (rootfs / "usr" / "local" / "bin" / "planted").write_text(f"#!{targets[0]}\n")
@@ -246,7 +247,45 @@ def test_image_symlinks_do_not_make_the_image_server_open_host_files(box, busybo
     image = tmp_path / "planted.sqsh"
     subprocess.run(["mksquashfs", str(rootfs), str(image), "-all-root", "-noappend", "-quiet",
                     "-no-progress"], check=True, stdout=subprocess.DEVNULL)
+    return image
+
+
+def test_image_symlinks_do_not_make_the_image_server_open_host_files(box, busybox_rootfs,
+                                                                      host_sentinel, tmp_path):
+    """The supervisor looks up, and the image server reads ahead, through their own view of the
+    filesystem (where the host's root is /oldroot), what the sandbox needs first: the image's /etc
+    files, the command along PATH and the interpreter it names. Those are symlinks to a host file
+    here, absolute and through /oldroot, and a script whose "#!" names it; resolved as in the
+    sandbox they lead nowhere, and the host file is never even opened."""
+    image = _image_pointing_at_host_file(busybox_rootfs, host_sentinel.file, tmp_path)
     watch = _OpenWatch(host_sentinel.file)
     result = box.run(str(image), "planted")
     assert (result.returncode, result.stdout) == (0, "ran\n"), result.stderr
     assert not watch.touched()
+
+
+def test_a_warm_up_list_does_not_make_the_supervisor_open_host_files(box, busybox_rootfs,
+                                                                     host_sentinel, tmp_path):
+    """An image's warm-up list names paths the supervisor looks up, reads and lists ahead of the
+    payload. Whatever it names (the image's symlinks to the host, the host's own paths, with and
+    without /oldroot), the paths resolve inside the image, and the host file is never opened."""
+    image = _image_pointing_at_host_file(busybox_rootfs, host_sentinel.file, tmp_path)
+    env = dict(os.environ, SQBOX_CACHE_DIR=str(tmp_path / "cache"))
+    probe = box.run(str(image), "true", options=["--verbose"], env=env)
+    found = re.search(r"warm-up: no list for this image yet \((\S+);", probe.stderr)
+    assert probe.returncode == 0 and found, probe.stderr
+    host = str(host_sentinel.file)
+    names = ["/usr/local/sbin/planted", "/usr/local/sbin/planted-absolute", "/etc/fstab",
+             "/etc/hosts", "/oldroot" + host, host, "/usr/local/sbin/planted-directory",
+             "/oldroot" + str(host_sentinel.file.parent), str(host_sentinel.file.parent)]
+    records = b"".join(kind + name.encode() + b"\0" for name in names for kind in (b"L", b"R", b"D"))
+    path = Path(found.group(1))
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"sqbox-warm-up 1\n" + records)
+    watch = _OpenWatch(host_sentinel.file)
+    directory_watch = _OpenWatch(host_sentinel.file.parent)
+    result = box.run(str(image), "planted", options=["--verbose"], env=env)
+    assert (result.returncode, result.stdout) == (0, "ran\n"), result.stderr
+    assert f"warm-up: {len(names) * 3} names from {path}" in result.stderr
+    assert not watch.touched()
+    assert not directory_watch.touched()

@@ -1,0 +1,80 @@
+// An image's learned warm-up list: the names in a squashfs image that earlier runs looked up and
+// the files they read, in the order they first did so.
+//
+// A fresh sandbox's FUSE mount starts with nothing cached, so each name the payload looks up and
+// each file it starts reading costs a round trip through the image server while the payload
+// waits. With a list, the supervisor looks those names up and starts those reads itself while
+// the sandbox is still being set up (runtime/image_warm_up.h), and the payload finds them cached.
+//
+// Lists are only ever written by `sqbox run --learn-warm-up`, which the caller runs on purpose
+// with a command they trust (python3 -c 'import numpy', say). A plain run never writes one: a
+// list learned from a hostile payload would let one sandbox leave marks (which names are cached)
+// that the next could time.
+//
+// One file per image, under the caller's cache directory, named after the image's superblock
+// (so a copied image finds its list and a rebuilt one starts afresh). Its format: the line
+// "sqbox-warm-up 1\n", then one record per name: its kind ('L' looked up, 'R' a file read, 'D' a
+// directory listed), the absolute path, a NUL byte. Names in an image may hold any byte but '/'
+// and NUL.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace sqbox {
+
+// What a run did with a name (as well as looking it up).
+enum class WarmUpKind : char { kLookUp = 'L', kRead = 'R', kList = 'D' };
+
+struct WarmUpName {
+    std::string path;  // absolute, inside the image
+    WarmUpKind kind = WarmUpKind::kLookUp;
+
+    bool operator==(const WarmUpName&) const = default;
+};
+
+// Bounds on one list, so that the warm-up stays a short head start.
+inline constexpr size_t kMaxWarmUpNames = 4096;
+inline constexpr size_t kMaxWarmUpPathBytes = 4096;
+
+// One record, as the image server appends them while it learns.
+std::string encode_warm_up_record(const WarmUpName& name);
+
+// The records in `data`, in order, stopping at a record that is cut short (the server may have
+// been killed while writing one). Invalid records (a relative path, a "." or ".." or empty
+// component, an overlong path, an unknown kind) are skipped.
+std::vector<WarmUpName> decode_warm_up_records(std::string_view data);
+
+// A whole list file: the header line, then the records.
+std::string encode_warm_up_list(const std::vector<WarmUpName>& names);
+
+// nullopt if `data` is not a list file (no header, or a cut-short record). At most
+// kMaxWarmUpNames names.
+std::optional<std::vector<WarmUpName>> decode_warm_up_list(std::string_view data);
+
+// `known`, then the names of `learned` that are new (in their order); a name only looked up in
+// one and read or listed in the other is read or listed in the result. At most kMaxWarmUpNames
+// names.
+std::vector<WarmUpName> merge_warm_up_names(std::vector<WarmUpName> known,
+                                            const std::vector<WarmUpName>& learned);
+
+// Where lists are kept: $SQBOX_CACHE_DIR/warm-up, else $XDG_CACHE_HOME/sqbox/warm-up, else
+// $HOME/.cache/sqbox/warm-up; "" when none of those is set.
+std::string warm_up_directory();
+
+// The list's file name for the squashfs image open at `image_fd`: a hash of its superblock and
+// size. Throws Error if the superblock cannot be read.
+std::string warm_up_list_name(int image_fd);
+
+// The list at `path`: empty if there is none. nullopt if the file exists but is not a list
+// (it is then ignored, not removed). Throws Error only for an unreadable file.
+std::optional<std::vector<WarmUpName>> load_warm_up_list(const std::string& path);
+
+// Replaces the list at `path` (creating its directory, mode 0700) in one rename, so concurrent
+// runs see the old list or the new one, never a mix. Throws Error with the path on failure.
+void save_warm_up_list(const std::string& path, const std::vector<WarmUpName>& names);
+
+}  // namespace sqbox

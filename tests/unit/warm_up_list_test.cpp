@@ -1,0 +1,247 @@
+#include "image/warm_up_list.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "util/errors.h"
+#include "util/unique_fd.h"
+
+namespace sqbox {
+namespace {
+
+using Kind = WarmUpKind;
+using namespace std::string_literals;
+
+std::string list_bytes(const std::string& records) {
+    return "sqbox-warm-up 1\n" + records;
+}
+
+// A fresh directory under the test's temporary directory, removed afterwards.
+class TemporaryDirectory {
+  public:
+    TemporaryDirectory() {
+        std::string pattern =
+            (std::filesystem::temp_directory_path() / "sqbox-test-XXXXXX").string();
+        if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp");
+        path_ = pattern;
+    }
+    ~TemporaryDirectory() {
+        std::error_code ignored;
+        std::filesystem::remove_all(path_, ignored);
+    }
+    TemporaryDirectory(const TemporaryDirectory&) = delete;
+    TemporaryDirectory& operator=(const TemporaryDirectory&) = delete;
+    const std::filesystem::path& path() const { return path_; }
+
+  private:
+    std::filesystem::path path_;
+};
+
+void write_bytes(const std::filesystem::path& path, const std::string& bytes) {
+    std::ofstream out(path, std::ios::binary);
+    out << bytes;
+}
+
+// Sets an environment variable for one scope and restores it.
+class ScopedVariable {
+  public:
+    ScopedVariable(const char* name, const char* value) : name_(name) {
+        if (const char* old = std::getenv(name)) old_ = old;
+        if (value == nullptr) {
+            ::unsetenv(name);
+        } else {
+            ::setenv(name, value, 1);
+        }
+    }
+    ~ScopedVariable() {
+        if (old_) {
+            ::setenv(name_, old_->c_str(), 1);
+        } else {
+            ::unsetenv(name_);
+        }
+    }
+    ScopedVariable(const ScopedVariable&) = delete;
+    ScopedVariable& operator=(const ScopedVariable&) = delete;
+
+  private:
+    const char* name_;
+    std::optional<std::string> old_;
+};
+
+TEST(WarmUpList, RoundTripsAnyNameAnImageCanHold) {
+    const std::vector<WarmUpName> names = {
+        {"/usr/lib/python3.11", Kind::kList},
+        {"/etc/passwd", Kind::kRead},
+        {"/no such\nname \xff\x01", Kind::kLookUp},
+        {"/a/b/c", Kind::kLookUp},
+    };
+    const std::string bytes = encode_warm_up_list(names);
+    EXPECT_TRUE(bytes.starts_with("sqbox-warm-up 1\n"));
+    EXPECT_EQ(decode_warm_up_list(bytes), names);
+    EXPECT_EQ(decode_warm_up_list(list_bytes("")), std::vector<WarmUpName>{});
+}
+
+TEST(WarmUpList, RefusesWhatSqboxDidNotWrite) {
+    EXPECT_EQ(decode_warm_up_list(""), std::nullopt);
+    EXPECT_EQ(decode_warm_up_list("sqbox-warm-up 2\nL/etc\0"s), std::nullopt);
+    EXPECT_EQ(decode_warm_up_list("L/etc\0"s), std::nullopt);
+    // A record cut short: the file was not written by save_warm_up_list.
+    EXPECT_EQ(decode_warm_up_list(list_bytes("L/etc\0R/etc/pass"s)), std::nullopt);
+}
+
+TEST(WarmUpList, SkipsRecordsThatAreNotPathsInTheImage) {
+    const std::string records =
+        "L/ok\0"s
+        "Lrelative\0"s
+        "L/a/../etc/shadow\0"s
+        "L/a/./b\0"s
+        "L/a//b\0"s
+        "L/trailing/\0"s
+        "L/\0"s
+        "X/unknown-kind\0"s
+        "\0"s
+        "R/" +
+        std::string(kMaxWarmUpPathBytes, 'x') + "\0"s + "D/ok/too\0"s;
+    const std::vector<WarmUpName> expected = {{"/ok", Kind::kLookUp}, {"/ok/too", Kind::kList}};
+    EXPECT_EQ(decode_warm_up_list(list_bytes(records)), expected);
+    EXPECT_EQ(decode_warm_up_records(records), expected);
+}
+
+TEST(WarmUpList, ServerRecordsDropOnlyARecordCutShort) {
+    const std::string records = encode_warm_up_record({"/etc", Kind::kLookUp}) +
+                                encode_warm_up_record({"/etc/passwd", Kind::kRead}) + "D/us";
+    const std::vector<WarmUpName> expected = {{"/etc", Kind::kLookUp},
+                                              {"/etc/passwd", Kind::kRead}};
+    EXPECT_EQ(decode_warm_up_records(records), expected);
+}
+
+TEST(WarmUpList, KeepsAtMostTheLimit) {
+    std::string records;
+    for (size_t i = 0; i < kMaxWarmUpNames + 10; ++i) {
+        records += encode_warm_up_record({"/f" + std::to_string(i), Kind::kLookUp});
+    }
+    std::optional<std::vector<WarmUpName>> names = decode_warm_up_list(list_bytes(records));
+    ASSERT_TRUE(names);
+    ASSERT_EQ(names->size(), kMaxWarmUpNames);
+    EXPECT_EQ(names->back().path, "/f" + std::to_string(kMaxWarmUpNames - 1));
+
+    std::vector<WarmUpName> many(kMaxWarmUpNames, {"/same", Kind::kLookUp});
+    for (size_t i = 0; i < many.size(); ++i) many[i].path = "/k" + std::to_string(i);
+    EXPECT_EQ(merge_warm_up_names(many, {{"/new", Kind::kRead}}).size(), kMaxWarmUpNames);
+}
+
+TEST(WarmUpList, MergeKeepsTheFirstOrderAndTheStrongerKind) {
+    const std::vector<WarmUpName> known = {
+        {"/etc", Kind::kLookUp}, {"/etc/passwd", Kind::kLookUp}, {"/usr", Kind::kList}};
+    const std::vector<WarmUpName> learned = {{"/bin", Kind::kLookUp},
+                                             {"/etc/passwd", Kind::kRead},
+                                             {"/usr", Kind::kLookUp},
+                                             {"/bin", Kind::kList},
+                                             {"/etc", Kind::kLookUp}};
+    const std::vector<WarmUpName> expected = {{"/etc", Kind::kLookUp},
+                                              {"/etc/passwd", Kind::kRead},
+                                              {"/usr", Kind::kList},
+                                              {"/bin", Kind::kList}};
+    EXPECT_EQ(merge_warm_up_names(known, learned), expected);
+}
+
+TEST(WarmUpList, DirectoryFollowsTheCallersSettings) {
+    {
+        ScopedVariable cache("SQBOX_CACHE_DIR", "/c");
+        ScopedVariable xdg("XDG_CACHE_HOME", "/x");
+        EXPECT_EQ(warm_up_directory(), "/c/warm-up");
+    }
+    {
+        ScopedVariable cache("SQBOX_CACHE_DIR", nullptr);
+        ScopedVariable xdg("XDG_CACHE_HOME", "/x");
+        EXPECT_EQ(warm_up_directory(), "/x/sqbox/warm-up");
+    }
+    {
+        ScopedVariable cache("SQBOX_CACHE_DIR", nullptr);
+        ScopedVariable xdg("XDG_CACHE_HOME", nullptr);
+        ScopedVariable home("HOME", "/home/u");
+        EXPECT_EQ(warm_up_directory(), "/home/u/.cache/sqbox/warm-up");
+    }
+    {
+        ScopedVariable cache("SQBOX_CACHE_DIR", nullptr);
+        ScopedVariable xdg("XDG_CACHE_HOME", nullptr);
+        ScopedVariable home("HOME", nullptr);
+        EXPECT_EQ(warm_up_directory(), "");
+    }
+}
+
+TEST(WarmUpList, NameComesFromTheSuperblockAndSize) {
+    TemporaryDirectory dir;
+    std::string superblock(96, '\0');
+    superblock.replace(0, 4, "hsqs");
+    const std::string tail(4000, 'd');
+    write_bytes(dir.path() / "a", superblock + tail);
+    write_bytes(dir.path() / "copy", superblock + tail);
+    std::string other_superblock = superblock;
+    other_superblock[40] = 1;  // e.g. another bytes_used
+    write_bytes(dir.path() / "b", other_superblock + tail);
+    write_bytes(dir.path() / "c", superblock + tail + "more");
+    auto name = [&](const char* file) {
+        UniqueFd fd(::open((dir.path() / file).c_str(), O_RDONLY | O_CLOEXEC));
+        return warm_up_list_name(fd.get());
+    };
+    const std::string a = name("a");
+    EXPECT_EQ(a.size(), 16U);
+    EXPECT_EQ(a.find_first_not_of("0123456789abcdef"), std::string::npos);
+    EXPECT_EQ(name("copy"), a);
+    EXPECT_NE(name("b"), a);
+    EXPECT_NE(name("c"), a);
+
+    write_bytes(dir.path() / "short", "hsqs");
+    EXPECT_THROW(name("short"), Error);
+}
+
+TEST(WarmUpList, SavesPrivatelyAndLoadsBack) {
+    TemporaryDirectory dir;
+    const std::string path = (dir.path() / "cache" / "warm-up" / "0123").string();
+    EXPECT_EQ(load_warm_up_list(path), std::vector<WarmUpName>{});  // none yet
+
+    const std::vector<WarmUpName> names = {{"/etc", Kind::kLookUp}, {"/bin/sh", Kind::kRead}};
+    save_warm_up_list(path, names);
+    EXPECT_EQ(load_warm_up_list(path), names);
+    struct stat info {};
+    ASSERT_EQ(::stat(path.c_str(), &info), 0);
+    EXPECT_EQ(info.st_mode & 07777, 0600U);
+    ASSERT_EQ(::stat((dir.path() / "cache" / "warm-up").c_str(), &info), 0);
+    EXPECT_EQ(info.st_mode & 07777, 0700U);
+    // Only the list is left: no temporary file.
+    EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path() / "cache" / "warm-up"),
+                            std::filesystem::directory_iterator()),
+              1);
+
+    write_bytes(path, "not a list");
+    EXPECT_EQ(load_warm_up_list(path), std::nullopt);
+    std::filesystem::remove(path);
+    std::filesystem::create_symlink("/etc/passwd", path);
+    EXPECT_EQ(load_warm_up_list(path), std::nullopt);
+}
+
+TEST(WarmUpList, FailedSaveLeavesNothingBehind) {
+    TemporaryDirectory dir;
+    // The list's directory cannot be created: a file is in the way.
+    write_bytes(dir.path() / "blocked", "");
+    EXPECT_THROW(save_warm_up_list((dir.path() / "blocked" / "list").string(), {}), Error);
+    // The list's path is a directory: the rename fails, and the temporary file goes.
+    std::filesystem::create_directories(dir.path() / "d" / "list" / "occupied");
+    EXPECT_THROW(save_warm_up_list((dir.path() / "d" / "list").string(), {}), Error);
+    EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path() / "d"),
+                            std::filesystem::directory_iterator()),
+              1);
+}
+
+}  // namespace
+}  // namespace sqbox
