@@ -167,13 +167,13 @@ def descendants(pid):
     return out
 
 
-def measure_rss(sqbox, image, user):
+def measure_rss(sqbox, image, user, cache):
     """Peak RSS (kB) of launcher, supervisor, FUSE server and init while the payload sleeps."""
     script = 'import time; print("ready", flush=True); time.sleep(2)'
     argv = as_user(user, [sqbox, "run", image, "--", "python3", "-c", script])
     sq_comm = os.path.basename(sqbox)[:15]  # comm is the exe name, truncated to 15 chars
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+                            stderr=subprocess.PIPE, env=dict(os.environ, SQBOX_CACHE_DIR=cache))
     try:
         ready, _, _ = select.select([proc.stdout], [], [], 30)
         line = proc.stdout.readline() if ready else b""
@@ -247,7 +247,9 @@ def main():
         samples = measure(rows, args.rounds)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    rss, pids = measure_rss(sqbox, image, args.as_user)
+    # No warm-up list (that cache directory is gone by now): the server's own memory, as in the
+    # .sqsh row.
+    rss, pids = measure_rss(sqbox, image, args.as_user, caches["none"])
 
     stats = {name: summarize(v) for name, v in samples.items()}
     names = [name for name, _, _ in rows]

@@ -121,7 +121,8 @@ struct SandboxConfig {
 
     // .sqsh images: the supervisor looks up the names of the image's learned warm-up list ahead
     // of the payload (--no-warm-up turns that off); a learning run (--learn-warm-up) adds the
-    // names this run looked up to the list.
+    // names this run looked up to the list. Lists are kept in `warm_up_directory` (none if "").
+    std::string warm_up_directory;
     bool use_warm_up_list = true;
     bool learn_warm_up = false;
 

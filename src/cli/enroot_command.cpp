@@ -22,6 +22,7 @@
 #include "image/fstab.h"
 #include "image/fstab_mounts.h"
 #include "image/image_source.h"
+#include "image/warm_up_store.h"
 #include "sqbox/sandbox.h"
 #include "util/errors.h"
 #include "util/files.h"
@@ -488,6 +489,8 @@ int enroot_start(const std::vector<std::string>& args, EnrootSettings settings) 
         config.image = container->image.empty() ? container->directory : container->image;
         config.persistent_layer = container->layer;
     }
+    // A .sqsh starts with its warm-up list, if `sqbox run --learn-warm-up` made one.
+    config.warm_up_directory = default_warm_up_directory();
 
     // Checked before anything runs; they are mounted after the configuration's own.
     std::vector<FstabEntry> mount_entries;

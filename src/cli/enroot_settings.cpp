@@ -1,6 +1,5 @@
 #include "cli/enroot_settings.h"
 
-#include <pwd.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -8,24 +7,10 @@
 #include <regex>
 
 #include "util/errors.h"
+#include "util/user_directories.h"
 
 namespace sqbox::cli {
 namespace {
-
-std::string environment_or(const char* name, const std::string& fallback) {
-    const char* value = std::getenv(name);
-    return value != nullptr && *value != '\0' ? std::string(value) : fallback;
-}
-
-std::string home_directory() {
-    const char* home = std::getenv("HOME");
-    if (home != nullptr && *home != '\0') return home;
-    const passwd* entry = ::getpwuid(::geteuid());
-    if (entry == nullptr || entry->pw_dir == nullptr) {
-        throw Error("cannot find your home directory: set HOME or ENROOT_DATA_PATH");
-    }
-    return entry->pw_dir;
-}
 
 bool flag_or(const char* name, bool fallback) {
     const char* value = std::getenv(name);
@@ -55,13 +40,15 @@ EnrootSettings load_enroot_settings() {
         settings.data_path = data;
     } else {
         settings.data_path =
-            environment_or("XDG_DATA_HOME", home_directory() + "/.local/share") + "/enroot";
+            environment_or("XDG_DATA_HOME", home_directory("ENROOT_DATA_PATH") + "/.local/share") +
+            "/enroot";
     }
     const char* config = std::getenv("ENROOT_CONFIG_PATH");
     settings.config_path =
         config != nullptr && *config != '\0'
             ? std::string(config)
-            : environment_or("XDG_CONFIG_HOME", home_directory() + "/.config") + "/enroot";
+            : environment_or("XDG_CONFIG_HOME", home_directory("ENROOT_CONFIG_PATH") + "/.config") +
+                  "/enroot";
     std::error_code ec;
     settings.data_path =
         std::filesystem::absolute(settings.data_path, ec).lexically_normal().string();

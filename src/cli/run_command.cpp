@@ -8,6 +8,7 @@
 
 #include "cli/result_json.h"
 #include "image/environment_file.h"
+#include "image/warm_up_store.h"
 #include "runtime/rooted_path.h"
 #include "sqbox/sandbox.h"
 #include "util/errors.h"
@@ -185,6 +186,7 @@ RunOptions build_run_options(const RunArguments& args) {
     config.tty = args.tty;
     config.learn_warm_up = args.learn_warm_up;
     config.use_warm_up_list = !args.no_warm_up;
+    config.warm_up_directory = default_warm_up_directory();
     if (!args.tmpfs_size.empty()) {
         config.tmpfs_size_bytes = parse_size(args.tmpfs_size, "--tmpfs-size");
     }

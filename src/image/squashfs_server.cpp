@@ -38,9 +38,10 @@ SquashfsPrefetcher* g_prefetcher = nullptr;
 ImageNames g_names;
 
 // A learning run (sqbox run --learn-warm-up) appends a record (image/warm_up_list.h) for each
-// name looked up, found or not, and for the first read of each file, to a memory file the
-// launcher reads when the sandbox is gone. Records are written as they happen, so a server
-// killed at any point leaves whole records and at most one cut short, which is dropped.
+// name looked up, found or not, for the first read of each file and for the first listing of
+// each directory, to a memory file the launcher reads when the sandbox is gone. Records are
+// written as they happen, so a server killed at any point leaves whole records and at most one
+// cut short, which is dropped.
 class WarmUpRecorder {
   public:
     explicit WarmUpRecorder(int fd) : fd_(fd) {}
@@ -50,24 +51,34 @@ class WarmUpRecorder {
     }
 
     // A file read or a directory listed, for the first time.
-    void used(fuse_ino_t ino, WarmUpKind kind) {
+    void first_use(fuse_ino_t ino, WarmUpKind kind) {
         if (used_inodes_.insert(ino).second) record({g_names.path_of(ino), kind});
     }
 
   private:
     void record(const WarmUpName& name) {
-        if (name.path.empty() || records_ >= kMaxWarmUpRecords) return;
+        // Paths a list would not keep are not written at all: a deep tree of long names could
+        // otherwise fill the memory file far beyond what a list holds.
+        if (name.path.empty() || name.path.size() > kMaxWarmUpPathBytes ||
+            records_ >= kMaxWarmUpRecords || bytes_ + name.path.size() > kMaxRecordBytes) {
+            return;
+        }
         ++records_;
+        bytes_ += name.path.size();
         const std::string bytes = encode_warm_up_record(name);
+        // A failed write (the memory file hit the caller's limits) ends the record: a later
+        // record after a lost one would be misread.
         if (!write_all(fd_, bytes.data(), bytes.size())) records_ = kMaxWarmUpRecords;
     }
 
-    // Lookups and reads of one run: the list keeps kMaxWarmUpNames of them at most anyway.
+    // What one run records: a list keeps kMaxWarmUpNames names at most anyway.
     static constexpr size_t kMaxWarmUpRecords = 4 * kMaxWarmUpNames;
+    static constexpr size_t kMaxRecordBytes = size_t{16} << 20;
 
     int fd_;
     size_t records_ = 0;
-    std::unordered_set<fuse_ino_t> used_inodes_;
+    size_t bytes_ = 0;
+    std::unordered_set<fuse_ino_t> used_inodes_;  // read or listed already
 };
 std::optional<WarmUpRecorder> g_recorder;
 // The kernel takes spliced replies (decided in op_init).
@@ -203,7 +214,7 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
         fuse_reply_buf(req, buffer.data(), static_cast<size_t>(length));
     }
     if (g_prefetcher != nullptr) g_prefetcher->file_read(ino, file_size, start + wanted);
-    if (g_recorder) g_recorder->used(ino, WarmUpKind::kRead);
+    if (g_recorder) g_recorder->first_use(ino, WarmUpKind::kRead);
 }
 
 void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
@@ -241,7 +252,7 @@ void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
         return;
     }
     fuse_reply_buf(req, buffer.data(), used);
-    if (g_recorder && offset == 0) g_recorder->used(ino, WarmUpKind::kList);
+    if (g_recorder && offset == 0) g_recorder->first_use(ino, WarmUpKind::kList);
 }
 
 // Symlinks never change either: let the kernel keep their targets in its page cache instead of

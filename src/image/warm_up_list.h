@@ -11,8 +11,8 @@
 // list learned from a hostile payload would let one sandbox leave marks (which names are cached)
 // that the next could time.
 //
-// One file per image, under the caller's cache directory, named after the image's superblock
-// (so a copied image finds its list and a rebuilt one starts afresh). Its format: the line
+// This file is the list's format; image/warm_up_store.h keeps one list per image. The format: the
+// line
 // "sqbox-warm-up 1\n", then one record per name: its kind ('L' looked up, 'R' a file read, 'D' a
 // directory listed), the absolute path, a NUL byte. Names in an image may hold any byte but '/'
 // and NUL.
@@ -45,14 +45,14 @@ std::string encode_warm_up_record(const WarmUpName& name);
 
 // The records in `data`, in order, stopping at a record that is cut short (the server may have
 // been killed while writing one). Invalid records (a relative path, a "." or ".." or empty
-// component, an overlong path, an unknown kind) are skipped.
+// component, an overlong path, an unknown kind) are skipped. "/" itself is a valid path.
 std::vector<WarmUpName> decode_warm_up_records(std::string_view data);
 
 // A whole list file: the header line, then the records.
 std::string encode_warm_up_list(const std::vector<WarmUpName>& names);
 
-// nullopt if `data` is not a list file (no header, or a cut-short record). At most
-// kMaxWarmUpNames names.
+// nullopt if `data` is not a list file (no header, or a cut-short record). Each path once (with
+// the strongest kind it was given), at most kMaxWarmUpNames of them.
 std::optional<std::vector<WarmUpName>> decode_warm_up_list(std::string_view data);
 
 // `known`, then the names of `learned` that are new (in their order); a name only looked up in
@@ -60,21 +60,5 @@ std::optional<std::vector<WarmUpName>> decode_warm_up_list(std::string_view data
 // names.
 std::vector<WarmUpName> merge_warm_up_names(std::vector<WarmUpName> known,
                                             const std::vector<WarmUpName>& learned);
-
-// Where lists are kept: $SQBOX_CACHE_DIR/warm-up, else $XDG_CACHE_HOME/sqbox/warm-up, else
-// $HOME/.cache/sqbox/warm-up; "" when none of those is set.
-std::string warm_up_directory();
-
-// The list's file name for the squashfs image open at `image_fd`: a hash of its superblock and
-// size. Throws Error if the superblock cannot be read.
-std::string warm_up_list_name(int image_fd);
-
-// The list at `path`: empty if there is none. nullopt if the file exists but is not a list
-// (it is then ignored, not removed). Throws Error only for an unreadable file.
-std::optional<std::vector<WarmUpName>> load_warm_up_list(const std::string& path);
-
-// Replaces the list at `path` (creating its directory, mode 0700) in one rename, so concurrent
-// runs see the old list or the new one, never a mix. Throws Error with the path on failure.
-void save_warm_up_list(const std::string& path, const std::vector<WarmUpName>& names);
 
 }  // namespace sqbox

@@ -121,18 +121,24 @@ ImageWarmUp::~ImageWarmUp() {
     if (thread_.joinable()) thread_.detach();
 }
 
-void ImageWarmUp::wait() {
-    if (thread_.joinable()) thread_.join();
+bool ImageWarmUp::finish_within(std::chrono::milliseconds limit) {
+    if (!thread_.joinable()) return true;
+    if (done_.wait_for(limit) != std::future_status::ready) return false;
+    thread_.join();
+    return true;
 }
 
 ImageWarmUp start_image_warm_up(std::string mount_point, std::vector<std::string> paths,
                                 std::vector<WarmUpName> learned) {
     try {
-        return ImageWarmUp(
-            std::thread([mount_point = std::move(mount_point), paths = std::move(paths),
-                         learned = std::move(learned)]() mutable {
-                warm_up(mount_point, std::move(paths), learned);
-            }));
+        std::promise<void> done;
+        std::future<void> finished = done.get_future();
+        std::thread thread([mount_point = std::move(mount_point), paths = std::move(paths),
+                            learned = std::move(learned), done = std::move(done)]() mutable {
+            warm_up(mount_point, std::move(paths), learned);
+            done.set_value();
+        });
+        return {std::move(thread), std::move(finished)};
     } catch (const std::system_error&) {
         // No thread to be had: the sandbox only starts a little slower.
         return {};

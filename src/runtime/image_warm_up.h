@@ -7,7 +7,7 @@
 // dynamic loader, a script's "#!" line). A thread of the supervisor looks those up, and reads
 // the first chunk of the ones that are files (which starts the server's read-ahead of the rest),
 // while init is still creating namespaces. Then it goes through the image's learned warm-up list
-// (image/warm_up_list.h): what earlier learning runs' payloads looked up and read.
+// (image/warm_up_list.h): what earlier learning runs' payloads looked up, read and listed.
 //
 // The supervisor, not the server: a thread of the server waiting for its own server's answer
 // could not be killed (image/squashfs_prefetch.h). The supervisor holds no /dev/fuse descriptor,
@@ -18,6 +18,8 @@
 // mount, which is nodev, so an image's symlinks cannot make it open anything of the host.
 #pragma once
 
+#include <chrono>
+#include <future>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,29 +32,31 @@ namespace sqbox {
 // The paths in the image that a sandbox for `config` looks up first.
 std::vector<std::string> first_lookups(const SandboxConfig& config);
 
-// The warm-up's thread. Detached when this object goes, unless wait() joined it first: the
+// The warm-up's thread. Detached when this object goes, unless finish_within() saw it end: the
 // thread holds nothing that needs cleaning up, and the process may exit under it.
 class ImageWarmUp {
   public:
     ImageWarmUp() = default;
-    explicit ImageWarmUp(std::thread thread) : thread_(std::move(thread)) {}
+    ImageWarmUp(std::thread thread, std::future<void> done)
+        : thread_(std::move(thread)), done_(std::move(done)) {}
     ImageWarmUp(ImageWarmUp&&) = default;
     ImageWarmUp& operator=(ImageWarmUp&&) = delete;
     ImageWarmUp(const ImageWarmUp&) = delete;
     ImageWarmUp& operator=(const ImageWarmUp&) = delete;
     ~ImageWarmUp();
 
-    // Waits until every name has been looked up (a learning run, so that the server records
-    // them too). Only while the image server is alive: it answers each lookup.
-    void wait();
+    // Waits at most `limit` for every name to have been looked up (only while the image server
+    // is alive: it answers each lookup). True if the warm-up ended, or never started.
+    bool finish_within(std::chrono::milliseconds limit);
 
   private:
     std::thread thread_;
+    std::future<void> done_;
 };
 
 // Starts a thread that warms up `paths` (absolute, in the image) on the image mounted at
 // `mount_point`, following the interpreters they name, then the image's learned list `learned`:
-// each name looked up, the first chunk read of those marked read. Call only once no more
+// each name looked up, the first chunk of files read, directories listed. Call only once no more
 // processes will be forked. Without a thread to be had, nothing is warmed up.
 ImageWarmUp start_image_warm_up(std::string mount_point, std::vector<std::string> paths,
                                 std::vector<WarmUpName> learned);

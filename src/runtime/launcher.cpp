@@ -14,12 +14,12 @@
 
 #include "image/image_source.h"
 #include "runtime/cgroups.h"
+#include "runtime/image_warm_up_list.h"
 #include "runtime/process.h"
 #include "runtime/signals.h"
 #include "runtime/stage_report.h"
 #include "runtime/stdio_relay.h"
 #include "runtime/supervisor.h"
-#include "runtime/warm_up_learning.h"
 #include "security/landlock.h"
 #include "security/seccomp_choice.h"
 #include "sqbox/sandbox.h"
@@ -254,7 +254,7 @@ RunResult run_sandbox(const SandboxConfig& config) {
         std::optional<SandboxCgroup> cgroup = SandboxCgroup::plan(config);
         SandboxCgroup* cgroup_ptr = cgroup ? &*cgroup : nullptr;
         SandboxPlan plan = make_plan(config, cgroup_ptr);
-        WarmUpLearning warm_up_list(config, image, plan);
+        ImageWarmUpList warm_up_list(config, image, plan);
         Pipe report_pipe = make_pipe("supervisor report");
         auto [channel, init_channel] = make_message_channel("the sandbox's channel");
         plan.channel_fd = init_channel.get();
@@ -272,7 +272,8 @@ RunResult run_sandbox(const SandboxConfig& config) {
                 plan.diagnostics_fd = relay.install_in_child();
                 set_diagnostics_fd(plan.diagnostics_fd);
             }
-            run_supervisor({&plan, &image, report_pipe.write_end.get(), self});
+            run_supervisor(
+                {&plan, &image, report_pipe.write_end.get(), self, &warm_up_list.names()});
         }
         ChildProcess supervisor(pid);
         report_pipe.write_end.reset();
@@ -294,7 +295,7 @@ RunResult run_sandbox(const SandboxConfig& config) {
         }
         const StageReport& report = *supervision.report;
         fill_result(report, result);
-        warm_up_list.save();
+        warm_up_list.save_learned();
         result.stdout_truncated = relay.stdout_truncated();
         result.stderr_truncated = relay.stderr_truncated();
         result.limits = describe_limits(config.limits, cgroup_ptr);

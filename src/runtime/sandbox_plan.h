@@ -11,7 +11,6 @@
 #include <string>
 #include <vector>
 
-#include "image/warm_up_list.h"
 #include "security/seccomp_filter.h"
 #include "sqbox/config.h"
 
@@ -38,8 +37,6 @@ struct SandboxPlan {
     // move it into the sandbox's cgroup ('c', or 'e' with an error), then with --tty sends the
     // terminal's master ('t').
     int channel_fd = -1;
-    // The image's learned warm-up list, which the supervisor looks up ahead of the payload.
-    std::vector<WarmUpName> warm_up_names;
     // A learning run: the memory file the image server appends its records to; -1 otherwise.
     int learn_fd = -1;
 };

@@ -30,6 +30,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// How long a learning run waits for the warm-up of the list it started with.
+constexpr auto kLearningWarmUpWait = std::chrono::seconds(2);
+
 std::string format_seconds(double seconds) {
     char buffer[32];
     (void)std::snprintf(buffer, sizeof buffer, "%g", seconds);
@@ -119,9 +122,13 @@ void run_supervisor(const SupervisorContext& context) {
                                    lifeline.write_end.get(), image_ready.get()},
                                   plan.learn_fd);
         // Last fork done: from here on this process may have a second thread.
+        // The server has its own copy of the learning run's record file.
+        if (plan.learn_fd >= 0) (void)::close(plan.learn_fd);
         ImageWarmUp warm_up =
             image.kind == ImageSource::Kind::kSquashfs
-                ? start_image_warm_up(kImageDir, first_lookups(config), plan.warm_up_names)
+                ? start_image_warm_up(kImageDir, first_lookups(config),
+                                      context.warm_up_names != nullptr ? *context.warm_up_names
+                                                                       : std::vector<WarmUpName>{})
                 : ImageWarmUp();
         if (::send(image_ready.get(), "1", 1, MSG_NOSIGNAL) != 1 && errno != EPIPE) {
             throw system_error("cannot tell init that the image is ready");
@@ -179,9 +186,10 @@ void run_supervisor(const SupervisorContext& context) {
                 std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - started)
                     .count();
         }
-        // A learning run records what the warm-up looked up as well: an image's list keeps
-        // what earlier learning runs added.
-        if (config.learn_warm_up && !server_died) warm_up.wait();
+        // A learning run's record includes what the warm-up looked up (the directories on the way
+        // to a listed name, say). Bounded, and not after a timeout: this process does not act on
+        // signals meanwhile, and a wedged server would keep the warm-up waiting.
+        if (config.learn_warm_up && !timed_out) (void)warm_up.finish_within(kLearningWarmUpWait);
         server.kill_and_reap();
         send_report(context.report_fd, report);
         ::_exit(0);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "image/image_source.h"
+#include "image/warm_up_list.h"
 #include "runtime/process.h"
 #include "runtime/sandbox_plan.h"
 #include "runtime/user_namespace.h"
@@ -35,6 +36,9 @@ struct SupervisorContext {
     const ImageSource* image = nullptr;
     int report_fd = -1;  // StageReport to the launcher
     pid_t launcher_pid = 0;
+    // The image's learned warm-up list, looked up ahead of the payload (not in the plan: init and
+    // the payload have no use for it).
+    const std::vector<WarmUpName>* warm_up_names = nullptr;
 };
 
 // Runs in a fresh user + mount namespace: maps the caller's ids, builds the scratch root, mounts

@@ -61,7 +61,7 @@ def test_learning_records_what_the_payload_looked_up_read_and_listed(sqbox, busy
     assert len(entries) == len(set(name for _, name in entries))
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
-    assert sorted(os.listdir(path.parent)) == [path.name]  # no temporary file left
+    assert sorted(os.listdir(path.parent)) == [".lock", path.name]  # no temporary file left
 
 
 def test_a_plain_run_never_writes_a_list(sqbox, busybox_image, tmp_path):
@@ -118,24 +118,34 @@ def test_a_file_that_is_not_a_list_is_ignored_then_replaced(sqbox, busybox_image
     assert ("R", "/etc/passwd") in read_list(path)
 
 
-def test_learning_needs_a_squashfs_image_and_a_place_for_the_list(sqbox, busybox_image,
-                                                                  tmp_path):
+def test_learning_needs_a_squashfs_image(sqbox, tmp_path):
     rootfs = tmp_path / "rootfs"
     rootfs.mkdir()
     result = sqbox.run(str(rootfs), "true", options=["--learn-warm-up"], env=cache_env(tmp_path))
     assert result.returncode == 125
     assert result.stderr == (f"sqbox: --learn-warm-up: {rootfs} is a directory; warm-up lists "
                              "are for .sqsh images\n")
+    assert not (tmp_path / "cache").exists()
 
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("SQBOX_CACHE_DIR", "XDG_CACHE_HOME", "HOME")}
-    result = sqbox.run(busybox_image, "true", options=["--learn-warm-up"], env=env)
+
+def test_lists_are_kept_only_in_a_private_directory(sqbox, busybox_image, tmp_path):
+    """A directory others can write is not trusted with lists: they could swap them."""
+    env = cache_env(tmp_path)
+    path = list_path(sqbox, busybox_image, env)
+    learned = sqbox.run(busybox_image, "true", options=["--learn-warm-up"], env=env)
+    assert learned.returncode == 0, learned.stderr
+    path.parent.chmod(0o777)
+    before = path.read_bytes()
+    result = sqbox.run(busybox_image, "echo", "ok", options=["--verbose"], env=env)
+    assert (result.returncode, result.stdout) == (0, "ok\n"), result.stderr
+    assert (f"warm-up: {path.parent} is not a directory of yours that only you can write; "
+            "warm-up lists are kept only in such a directory; no list used") in result.stderr
+    result = sqbox.run(busybox_image, "cat", "/etc/group", options=["--learn-warm-up"], env=env)
     assert result.returncode == 125
-    assert result.stderr == ("sqbox: --learn-warm-up: no place for the list: set "
-                             "SQBOX_CACHE_DIR, XDG_CACHE_HOME or HOME\n")
-    # Without a place for lists, a plain run simply has none.
-    result = sqbox.run(busybox_image, "echo", "ok", env=env)
-    assert (result.returncode, result.stdout, result.stderr) == (0, "ok\n", "")
+    assert result.stderr.endswith(f"sqbox: {path.parent} is not a directory of yours that only "
+                                  "you can write; warm-up lists are kept only in such a "
+                                  "directory\n"), result.stderr
+    assert path.read_bytes() == before
 
 
 @pytest.mark.parametrize("blocker", ["file-in-the-way", "list-is-a-directory"])
@@ -155,4 +165,4 @@ def test_a_list_that_cannot_be_saved_fails_the_learning_run(sqbox, busybox_image
     assert len(lines) == 1 and lines[0].startswith("sqbox: cannot ") and str(cache) in lines[0], \
         result.stderr
     if blocker == "list-is-a-directory":
-        assert os.listdir(cache / "warm-up") == [path.name]  # no temporary file left
+        assert sorted(os.listdir(cache / "warm-up")) == [".lock", path.name]  # no temporary file

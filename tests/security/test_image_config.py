@@ -278,14 +278,16 @@ def test_a_warm_up_list_does_not_make_the_supervisor_open_host_files(box, busybo
     names = ["/usr/local/sbin/planted", "/usr/local/sbin/planted-absolute", "/etc/fstab",
              "/etc/hosts", "/oldroot" + host, host, "/usr/local/sbin/planted-directory",
              "/oldroot" + str(host_sentinel.file.parent), str(host_sentinel.file.parent)]
-    records = b"".join(kind + name.encode() + b"\0" for name in names for kind in (b"L", b"R", b"D"))
     path = Path(found.group(1))
     path.parent.mkdir(parents=True)
-    path.write_bytes(b"sqbox-warm-up 1\n" + records)
-    watch = _OpenWatch(host_sentinel.file)
-    directory_watch = _OpenWatch(host_sentinel.file.parent)
-    result = box.run(str(image), "planted", options=["--verbose"], env=env)
-    assert (result.returncode, result.stdout) == (0, "ran\n"), result.stderr
-    assert f"warm-up: {len(names) * 3} names from {path}" in result.stderr
-    assert not watch.touched()
-    assert not directory_watch.touched()
+    path.parent.chmod(0o700)
+    for kind in (b"L", b"R", b"D"):  # looked up, read, listed
+        path.write_bytes(b"sqbox-warm-up 1\n" + b"".join(kind + name.encode() + b"\0"
+                                                         for name in names))
+        watch = _OpenWatch(host_sentinel.file)
+        directory_watch = _OpenWatch(host_sentinel.file.parent)
+        result = box.run(str(image), "planted", options=["--verbose"], env=env)
+        assert (result.returncode, result.stdout) == (0, "ran\n"), result.stderr
+        assert f"warm-up: {len(names)} names from {path}" in result.stderr
+        assert not watch.touched(), kind
+        assert not directory_watch.touched(), kind

@@ -1,10 +1,13 @@
 #include "image/warm_up_list.h"
 
+#include "image/warm_up_store.h"
+
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +17,7 @@
 
 #include "util/errors.h"
 #include "util/unique_fd.h"
+#include "util/user_directories.h"
 
 namespace sqbox {
 namespace {
@@ -94,7 +98,7 @@ TEST(WarmUpList, RefusesWhatSqboxDidNotWrite) {
     EXPECT_EQ(decode_warm_up_list(""), std::nullopt);
     EXPECT_EQ(decode_warm_up_list("sqbox-warm-up 2\nL/etc\0"s), std::nullopt);
     EXPECT_EQ(decode_warm_up_list("L/etc\0"s), std::nullopt);
-    // A record cut short: the file was not written by save_warm_up_list.
+    // A record cut short: sqbox never leaves a list file like that.
     EXPECT_EQ(decode_warm_up_list(list_bytes("L/etc\0R/etc/pass"s)), std::nullopt);
 }
 
@@ -106,7 +110,7 @@ TEST(WarmUpList, SkipsRecordsThatAreNotPathsInTheImage) {
         "L/a/./b\0"s
         "L/a//b\0"s
         "L/trailing/\0"s
-        "L/\0"s
+        "L//\0"s
         "X/unknown-kind\0"s
         "\0"s
         "R/" +
@@ -114,6 +118,15 @@ TEST(WarmUpList, SkipsRecordsThatAreNotPathsInTheImage) {
     const std::vector<WarmUpName> expected = {{"/ok", Kind::kLookUp}, {"/ok/too", Kind::kList}};
     EXPECT_EQ(decode_warm_up_list(list_bytes(records)), expected);
     EXPECT_EQ(decode_warm_up_records(records), expected);
+    // The root itself: `ls /` lists it.
+    const std::vector<WarmUpName> root = {{"/", Kind::kList}};
+    EXPECT_EQ(decode_warm_up_records("D/\0"s), root);
+}
+
+TEST(WarmUpList, AListHoldsEachPathOnce) {
+    const std::string records = "L/etc\0R/etc/passwd\0L/etc\0L/etc/passwd\0D/etc\0"s;
+    const std::vector<WarmUpName> expected = {{"/etc", Kind::kList}, {"/etc/passwd", Kind::kRead}};
+    EXPECT_EQ(decode_warm_up_list(list_bytes(records)), expected);
 }
 
 TEST(WarmUpList, ServerRecordsDropOnlyARecordCutShort) {
@@ -158,38 +171,41 @@ TEST(WarmUpList, DirectoryFollowsTheCallersSettings) {
     {
         ScopedVariable cache("SQBOX_CACHE_DIR", "/c");
         ScopedVariable xdg("XDG_CACHE_HOME", "/x");
-        EXPECT_EQ(warm_up_directory(), "/c/warm-up");
+        EXPECT_EQ(default_warm_up_directory(), "/c/warm-up");
     }
     {
         ScopedVariable cache("SQBOX_CACHE_DIR", nullptr);
         ScopedVariable xdg("XDG_CACHE_HOME", "/x");
-        EXPECT_EQ(warm_up_directory(), "/x/sqbox/warm-up");
+        EXPECT_EQ(default_warm_up_directory(), "/x/sqbox/warm-up");
     }
     {
-        ScopedVariable cache("SQBOX_CACHE_DIR", nullptr);
-        ScopedVariable xdg("XDG_CACHE_HOME", nullptr);
+        // Relative values are ignored, as the XDG rules say.
+        ScopedVariable cache("SQBOX_CACHE_DIR", "relative");
+        ScopedVariable xdg("XDG_CACHE_HOME", "also/relative");
         ScopedVariable home("HOME", "/home/u");
-        EXPECT_EQ(warm_up_directory(), "/home/u/.cache/sqbox/warm-up");
-    }
-    {
-        ScopedVariable cache("SQBOX_CACHE_DIR", nullptr);
-        ScopedVariable xdg("XDG_CACHE_HOME", nullptr);
-        ScopedVariable home("HOME", nullptr);
-        EXPECT_EQ(warm_up_directory(), "");
+        EXPECT_EQ(default_warm_up_directory(), "/home/u/.cache/sqbox/warm-up");
+        EXPECT_EQ(sqbox_cache_directory(), "/home/u/.cache/sqbox");
     }
 }
 
-TEST(WarmUpList, NameComesFromTheSuperblockAndSize) {
+TEST(WarmUpList, NameComesFromBothEndsOfTheImageAndItsSize) {
     TemporaryDirectory dir;
-    std::string superblock(96, '\0');
-    superblock.replace(0, 4, "hsqs");
-    const std::string tail(4000, 'd');
-    write_bytes(dir.path() / "a", superblock + tail);
-    write_bytes(dir.path() / "copy", superblock + tail);
-    std::string other_superblock = superblock;
-    other_superblock[40] = 1;  // e.g. another bytes_used
-    write_bytes(dir.path() / "b", other_superblock + tail);
-    write_bytes(dir.path() / "c", superblock + tail + "more");
+    const std::string head = "hsqs" + std::string(70000, 'h');
+    const std::string middle(300000, 'm');
+    const std::string tail(70000, 't');
+    write_bytes(dir.path() / "a", head + middle + tail);
+    write_bytes(dir.path() / "copy", head + middle + tail);
+    std::string other_head = head;
+    other_head[40] = 1;  // another superblock (bytes_used, say)
+    write_bytes(dir.path() / "b", other_head + middle + tail);
+    std::string other_tail = tail;
+    other_tail[other_tail.size() - 100] = 'x';  // other tables at the end
+    write_bytes(dir.path() / "c", head + middle + other_tail);
+    write_bytes(dir.path() / "d", head + middle + "m" + tail);
+    std::string other_middle = middle;
+    other_middle[1000] = 'x';  // not read: the key is not a content hash
+    write_bytes(dir.path() / "e", head + other_middle + tail);
+    write_bytes(dir.path() / "small", "hsqs small image");
     auto name = [&](const char* file) {
         UniqueFd fd(::open((dir.path() / file).c_str(), O_RDONLY | O_CLOEXEC));
         return warm_up_list_name(fd.get());
@@ -200,47 +216,79 @@ TEST(WarmUpList, NameComesFromTheSuperblockAndSize) {
     EXPECT_EQ(name("copy"), a);
     EXPECT_NE(name("b"), a);
     EXPECT_NE(name("c"), a);
-
-    write_bytes(dir.path() / "short", "hsqs");
-    EXPECT_THROW(name("short"), Error);
+    EXPECT_NE(name("d"), a);
+    EXPECT_EQ(name("e"), a);
+    EXPECT_EQ(name("small").size(), 16U);
 }
 
-TEST(WarmUpList, SavesPrivatelyAndLoadsBack) {
+TEST(WarmUpList, LearningAddsToTheListAndKeepsItPrivate) {
     TemporaryDirectory dir;
-    const std::string path = (dir.path() / "cache" / "warm-up" / "0123").string();
+    const std::filesystem::path lists = dir.path() / "cache" / "warm-up";
+    const std::string path = (lists / "0123").string();
     EXPECT_EQ(load_warm_up_list(path), std::vector<WarmUpName>{});  // none yet
 
-    const std::vector<WarmUpName> names = {{"/etc", Kind::kLookUp}, {"/bin/sh", Kind::kRead}};
-    save_warm_up_list(path, names);
-    EXPECT_EQ(load_warm_up_list(path), names);
+    const std::vector<WarmUpName> first = {{"/etc", Kind::kLookUp}, {"/bin/sh", Kind::kRead}};
+    SavedWarmUpList saved = add_to_warm_up_list(path, first);
+    EXPECT_EQ(saved.names, 2U);
+    EXPECT_EQ(saved.added, 2U);
+    EXPECT_EQ(load_warm_up_list(path), first);
+    saved = add_to_warm_up_list(path, {{"/etc", Kind::kList}, {"/usr", Kind::kLookUp}});
+    EXPECT_EQ(saved.names, 3U);
+    EXPECT_EQ(saved.added, 1U);
+    const std::vector<WarmUpName> both = {
+        {"/etc", Kind::kList}, {"/bin/sh", Kind::kRead}, {"/usr", Kind::kLookUp}};
+    EXPECT_EQ(load_warm_up_list(path), both);
+
     struct stat info {};
     ASSERT_EQ(::stat(path.c_str(), &info), 0);
     EXPECT_EQ(info.st_mode & 07777, 0600U);
-    ASSERT_EQ(::stat((dir.path() / "cache" / "warm-up").c_str(), &info), 0);
+    ASSERT_EQ(::stat(lists.c_str(), &info), 0);
     EXPECT_EQ(info.st_mode & 07777, 0700U);
-    // Only the list is left: no temporary file.
-    EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path() / "cache" / "warm-up"),
-                            std::filesystem::directory_iterator()),
-              1);
+    // The list and the lock, no temporary file.
+    std::vector<std::string> entries;
+    for (const auto& entry : std::filesystem::directory_iterator(lists)) {
+        entries.push_back(entry.path().filename().string());
+    }
+    std::sort(entries.begin(), entries.end());
+    EXPECT_EQ(entries, (std::vector<std::string>{".lock", "0123"}));
 
+    // What is not a list is ignored when read, and replaced by learning.
     write_bytes(path, "not a list");
     EXPECT_EQ(load_warm_up_list(path), std::nullopt);
+    saved = add_to_warm_up_list(path, first);
+    EXPECT_EQ(saved.added, 2U);
+    EXPECT_EQ(load_warm_up_list(path), first);
     std::filesystem::remove(path);
     std::filesystem::create_symlink("/etc/passwd", path);
     EXPECT_EQ(load_warm_up_list(path), std::nullopt);
+}
+
+TEST(WarmUpList, OnlyAPrivateDirectoryHoldsLists) {
+    TemporaryDirectory dir;
+    const std::filesystem::path lists = dir.path() / "warm-up";
+    const std::string path = (lists / "0123").string();
+    add_to_warm_up_list(path, {{"/etc", Kind::kLookUp}});
+    std::filesystem::permissions(lists, std::filesystem::perms::group_write,
+                                 std::filesystem::perm_options::add);
+    EXPECT_THROW(load_warm_up_list(path), Error);
+    EXPECT_THROW(add_to_warm_up_list(path, {{"/usr", Kind::kLookUp}}), Error);
 }
 
 TEST(WarmUpList, FailedSaveLeavesNothingBehind) {
     TemporaryDirectory dir;
     // The list's directory cannot be created: a file is in the way.
     write_bytes(dir.path() / "blocked", "");
-    EXPECT_THROW(save_warm_up_list((dir.path() / "blocked" / "list").string(), {}), Error);
+    EXPECT_THROW(add_to_warm_up_list((dir.path() / "blocked" / "list").string(), {}), Error);
     // The list's path is a directory: the rename fails, and the temporary file goes.
     std::filesystem::create_directories(dir.path() / "d" / "list" / "occupied");
-    EXPECT_THROW(save_warm_up_list((dir.path() / "d" / "list").string(), {}), Error);
-    EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path() / "d"),
-                            std::filesystem::directory_iterator()),
-              1);
+    ::chmod((dir.path() / "d").c_str(), 0700);
+    EXPECT_THROW(add_to_warm_up_list((dir.path() / "d" / "list").string(), {}), Error);
+    std::vector<std::string> entries;
+    for (const auto& entry : std::filesystem::directory_iterator(dir.path() / "d")) {
+        entries.push_back(entry.path().filename().string());
+    }
+    std::sort(entries.begin(), entries.end());
+    EXPECT_EQ(entries, (std::vector<std::string>{".lock", "list"}));
 }
 
 }  // namespace

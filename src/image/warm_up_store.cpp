@@ -1,0 +1,148 @@
+#include "image/warm_up_store.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <string_view>
+
+#include "util/errors.h"
+#include "util/files.h"
+#include "util/unique_fd.h"
+#include "util/user_directories.h"
+
+namespace sqbox {
+namespace {
+
+// How much of each end of the image goes into its list's name: the superblock at the start,
+// the inode, directory, fragment and id tables at the end.
+constexpr size_t kKeyBytes = size_t{64} << 10;
+
+// A list file larger than this is not one sqbox wrote.
+constexpr size_t kMaxListFileBytes = size_t{32} << 20;
+
+// FNV-1a, 64 bits: stable across builds and machines (unlike std::hash), and enough to tell
+// images apart by accident.
+uint64_t fnv1a(std::string_view bytes, uint64_t hash = 0xcbf29ce484222325ULL) {
+    for (unsigned char byte : bytes) {
+        hash ^= byte;
+        hash *= 0x100000001b3ULL;
+    }
+    return hash;
+}
+
+std::string parent_of(const std::string& path) {
+    const size_t slash = path.rfind('/');
+    if (slash == std::string::npos || slash == 0) throw Error("bad warm-up list path " + path);
+    return path.substr(0, slash);
+}
+
+// Lists are only read from and written to a directory that is the caller's alone: in one that
+// others can write, they could swap lists under the caller's runs.
+void check_private_directory(const std::string& directory) {
+    struct stat info {};
+    if (::lstat(directory.c_str(), &info) != 0) throw system_error("cannot use " + directory);
+    if (!S_ISDIR(info.st_mode) || info.st_uid != ::geteuid() || (info.st_mode & 022) != 0) {
+        throw Error(directory +
+                    " is not a directory of yours that only you can write; warm-up lists are "
+                    "kept only in such a directory");
+    }
+}
+
+void make_private_directory(const std::string& directory) {
+    size_t slash = 0;
+    while ((slash = directory.find('/', slash + 1)) != std::string::npos) {
+        const std::string parent = directory.substr(0, slash);
+        if (::mkdir(parent.c_str(), 0700) != 0 && errno != EEXIST) {
+            throw system_error("cannot create " + parent);
+        }
+    }
+    if (::mkdir(directory.c_str(), 0700) != 0 && errno != EEXIST) {
+        throw system_error("cannot create " + directory);
+    }
+    check_private_directory(directory);
+}
+
+UniqueFd lock_directory(const std::string& directory) {
+    const std::string path = directory + "/.lock";
+    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+    if (!fd) throw system_error("cannot open " + path);
+    while (::flock(fd.get(), LOCK_EX) != 0) {
+        if (errno != EINTR) throw system_error("cannot lock " + path);
+    }
+    return fd;
+}
+
+}  // namespace
+
+std::string default_warm_up_directory() {
+    const std::string cache = sqbox_cache_directory();
+    return cache.empty() ? cache : cache + "/warm-up";
+}
+
+std::string warm_up_list_name(int image_fd) {
+    struct stat info {};
+    if (::fstat(image_fd, &info) != 0) throw system_error("cannot stat the image");
+    const auto size = static_cast<uint64_t>(info.st_size);
+    std::string head(static_cast<size_t>(std::min<uint64_t>(size, kKeyBytes)), '\0');
+    std::string tail = head;
+    if (::pread(image_fd, head.data(), head.size(), 0) != static_cast<ssize_t>(head.size()) ||
+        ::pread(image_fd, tail.data(), tail.size(), static_cast<off_t>(size - tail.size())) !=
+            static_cast<ssize_t>(tail.size())) {
+        throw system_error("cannot read the image");
+    }
+    uint64_t hash = fnv1a(head);
+    hash = fnv1a(tail, hash);
+    hash = fnv1a(std::string_view(reinterpret_cast<const char*>(&size), sizeof size), hash);
+    char name[17];
+    (void)std::snprintf(name, sizeof name, "%016llx", static_cast<unsigned long long>(hash));
+    return name;
+}
+
+std::optional<std::vector<WarmUpName>> load_warm_up_list(const std::string& path) {
+    const std::string directory = parent_of(path);
+    UniqueFd file(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+    if (!file) {
+        if (errno == ENOENT) return std::vector<WarmUpName>{};
+        if (errno == ELOOP) return std::nullopt;  // a symlink: not a list sqbox wrote
+        throw system_error("cannot open " + path);
+    }
+    check_private_directory(directory);
+    struct stat info {};
+    if (::fstat(file.get(), &info) != 0) throw system_error("cannot stat " + path);
+    if (!S_ISREG(info.st_mode) || static_cast<uint64_t>(info.st_size) > kMaxListFileBytes) {
+        return std::nullopt;
+    }
+    return decode_warm_up_list(read_all(file.get(), path));
+}
+
+SavedWarmUpList add_to_warm_up_list(const std::string& path,
+                                    const std::vector<WarmUpName>& learned) {
+    const std::string directory = parent_of(path);
+    make_private_directory(directory);
+    UniqueFd lock = lock_directory(directory);
+    // Read again under the lock: another learning run may have saved since this one started.
+    const std::vector<WarmUpName> current =
+        load_warm_up_list(path).value_or(std::vector<WarmUpName>{});
+    const std::vector<WarmUpName> merged = merge_warm_up_names(current, learned);
+    // One fixed name: every writer holds the lock, so one left by a writer that was killed is
+    // simply overwritten.
+    const std::string temporary = path + ".tmp";
+    try {
+        write_file_at(AT_FDCWD, temporary, encode_warm_up_list(merged), O_NOFOLLOW, 0600);
+        if (::rename(temporary.c_str(), path.c_str()) != 0) {
+            throw system_error("cannot save the warm-up list " + path);
+        }
+    } catch (const Error&) {
+        (void)::unlink(temporary.c_str());  // a full disk leaves nothing half-written behind
+        throw;
+    }
+    return {merged.size(), merged.size() - std::min(merged.size(), current.size())};
+}
+
+}  // namespace sqbox

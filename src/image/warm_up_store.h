@@ -1,0 +1,45 @@
+// Where images' warm-up lists (image/warm_up_list.h) are kept: one file per image in a directory
+// of the caller's own (sqbox_cache_directory()/warm-up), named after the image's first and last
+// 64 KiB and its size: a copy of the image finds its list, a rebuilt image (other tables, other
+// size) almost always starts afresh. A key, not a proof of identity: an image made to match
+// another's gets that image's list, which only names what a learning run looked up.
+//
+// Lists are replaced by a rename, under a lock (DIRECTORY/.lock) that learning runs hold while
+// they read, merge and write: concurrent learning runs each add their names, and readers see the
+// old list or the new one. The directory must be the caller's and writable by nobody else, or
+// its lists are neither read nor written.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "image/warm_up_list.h"
+
+namespace sqbox {
+
+// The caller's directory for lists: sqbox_cache_directory() + "/warm-up", "" if there is none.
+std::string default_warm_up_directory();
+
+// The list's file name for the squashfs image open at `image_fd`. Throws Error if the image
+// cannot be read.
+std::string warm_up_list_name(int image_fd);
+
+// The list at `path`: empty if there is none, nullopt if the file is not a list (or is a
+// symlink). Throws Error, with the reason, for a file that cannot be read or a directory that is
+// not private.
+std::optional<std::vector<WarmUpName>> load_warm_up_list(const std::string& path);
+
+struct SavedWarmUpList {
+    size_t names = 0;  // in the list now
+    size_t added = 0;  // of those, new
+};
+
+// Adds `learned` to the list at `path` (creating its directory, mode 0700): the list as it is
+// now, read under the lock, then the new names. A file there that is not a list is replaced.
+// Throws Error naming the path if the list cannot be read or saved; leaves no temporary file.
+SavedWarmUpList add_to_warm_up_list(const std::string& path,
+                                    const std::vector<WarmUpName>& learned);
+
+}  // namespace sqbox
