@@ -387,15 +387,19 @@ class Server {
             client.input_closed = true;  // EOF or error
             break;
         }
+        // Lines are taken by offset and the buffer shifted once: erasing each line from the
+        // front would move the rest of the buffer once per line.
+        size_t consumed = 0;
         size_t newline;
-        while ((newline = client.in.find('\n', client.scanned)) != std::string::npos) {
-            std::string line = client.in.substr(0, newline);
-            client.in.erase(0, newline + 1);
-            client.scanned = 0;
+        while ((newline = client.in.find('\n', std::max(consumed, client.scanned))) !=
+               std::string::npos) {
+            std::string line = client.in.substr(consumed, newline - consumed);
+            consumed = newline + 1;
             if (!line.empty()) handle_line(client_id, line);
             if (clients_.find(client_id) == clients_.end()) return;
         }
         Client& same = clients_.at(client_id);
+        same.in.erase(0, consumed);
         same.scanned = same.in.size();
         if (same.in.size() > kMaxRequestBytes) {
             respond(client_id, {{"id", nullptr},
@@ -903,11 +907,13 @@ class Server {
         Session* session = session_of(job);
         if (session == nullptr) return;
         session->line.append(chunk);
+        // As for requests: by offset, one shift of the buffer at the end.
+        size_t consumed = 0;
         size_t newline;
-        while ((newline = session->line.find('\n', session->scanned)) != std::string::npos) {
-            std::string line = session->line.substr(0, newline);
-            session->line.erase(0, newline + 1);
-            session->scanned = 0;
+        while ((newline = session->line.find('\n', std::max(consumed, session->scanned))) !=
+               std::string::npos) {
+            std::string line = session->line.substr(consumed, newline - consumed);
+            consumed = newline + 1;
             // The driver shares its process with the session's code: anything may arrive here.
             try {
                 handle_driver_message(*session, parse_message(line));
@@ -919,6 +925,7 @@ class Server {
             session = session_of(job);
             if (session == nullptr) return;
         }
+        session->line.erase(0, consumed);
         session->scanned = session->line.size();
         if (session->line.size() > kMaxRequestBytes) {
             kill_session_sandbox(*session, "the session driver sent an oversized message");
