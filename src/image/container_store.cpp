@@ -156,16 +156,7 @@ void remove_tree(const std::string& path) {
 
 ContainerStore::ContainerStore(std::string data_path) : data_path_(std::move(data_path)) {
     // enroot creates its directories private to the user.
-    std::string partial;
-    for (size_t start = 1; start <= data_path_.size();) {
-        size_t slash = data_path_.find('/', start);
-        if (slash == std::string::npos) slash = data_path_.size();
-        partial = data_path_.substr(0, slash);
-        if (::mkdir(partial.c_str(), 0700) != 0 && errno != EEXIST) {
-            throw system_error("cannot create " + partial);
-        }
-        start = slash + 1;
-    }
+    make_directories(data_path_, 0700);
 }
 
 void ContainerStore::check_name(const std::string& name) {
@@ -176,13 +167,7 @@ void ContainerStore::check_name(const std::string& name) {
 }
 
 UniqueFd ContainerStore::lock_store() const {
-    const std::string path = data_path_ + "/" + kStoreLock;
-    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
-    if (!fd) throw system_error("cannot open " + path);
-    while (::flock(fd.get(), LOCK_EX) != 0) {
-        if (errno != EINTR) throw system_error("cannot lock " + path);
-    }
-    return fd;
+    return lock_file(data_path_ + "/" + kStoreLock);
 }
 
 namespace {

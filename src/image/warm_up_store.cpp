@@ -1,7 +1,6 @@
 #include "image/warm_up_store.h"
 
 #include <fcntl.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -20,8 +19,9 @@ namespace sqbox {
 namespace {
 
 // How much of each end of the image goes into its list's name: the superblock at the start,
-// the inode, directory, fragment and id tables at the end.
-constexpr size_t kKeyBytes = size_t{64} << 10;
+// the ends of the tables (ids, fragments, lookup) at the end. A few KiB, not more: every start
+// of a .sqsh image computes the name, and hashing 64 KiB from each end cost 0.2 ms.
+constexpr size_t kKeyBytes = size_t{4} << 10;
 
 // A list file larger than this is not one sqbox wrote.
 constexpr size_t kMaxListFileBytes = size_t{32} << 20;
@@ -52,30 +52,6 @@ void check_private_directory(const std::string& directory) {
                     " is not a directory of yours that only you can write; warm-up lists are "
                     "kept only in such a directory");
     }
-}
-
-void make_private_directory(const std::string& directory) {
-    size_t slash = 0;
-    while ((slash = directory.find('/', slash + 1)) != std::string::npos) {
-        const std::string parent = directory.substr(0, slash);
-        if (::mkdir(parent.c_str(), 0700) != 0 && errno != EEXIST) {
-            throw system_error("cannot create " + parent);
-        }
-    }
-    if (::mkdir(directory.c_str(), 0700) != 0 && errno != EEXIST) {
-        throw system_error("cannot create " + directory);
-    }
-    check_private_directory(directory);
-}
-
-UniqueFd lock_directory(const std::string& directory) {
-    const std::string path = directory + "/.lock";
-    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
-    if (!fd) throw system_error("cannot open " + path);
-    while (::flock(fd.get(), LOCK_EX) != 0) {
-        if (errno != EINTR) throw system_error("cannot lock " + path);
-    }
-    return fd;
 }
 
 }  // namespace
@@ -124,8 +100,9 @@ std::optional<std::vector<WarmUpName>> load_warm_up_list(const std::string& path
 SavedWarmUpList add_to_warm_up_list(const std::string& path,
                                     const std::vector<WarmUpName>& learned) {
     const std::string directory = parent_of(path);
-    make_private_directory(directory);
-    UniqueFd lock = lock_directory(directory);
+    make_directories(directory, 0700);
+    check_private_directory(directory);
+    UniqueFd lock = lock_file(directory + "/.lock");
     // Read again under the lock: another learning run may have saved since this one started.
     const std::vector<WarmUpName> current =
         load_warm_up_list(path).value_or(std::vector<WarmUpName>{});

@@ -1,6 +1,6 @@
 // Where images' warm-up lists (image/warm_up_list.h) are kept: one file per image in a directory
 // of the caller's own (sqbox_cache_directory()/warm-up), named after the image's first and last
-// 64 KiB and its size: a copy of the image finds its list, a rebuilt image (other tables, other
+// 4 KiB and its size: a copy of the image finds its list, a rebuilt image (other tables, other
 // size) almost always starts afresh. A key, not a proof of identity: an image made to match
 // another's gets that image's list, which only names what a learning run looked up.
 //

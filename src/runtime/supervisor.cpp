@@ -121,9 +121,9 @@ void run_supervisor(const SupervisorContext& context) {
                                   {context.report_fd, plan.channel_fd, init_report.read_end.get(),
                                    lifeline.write_end.get(), image_ready.get()},
                                   plan.learn_fd);
-        // Last fork done: from here on this process may have a second thread.
         // The server has its own copy of the learning run's record file.
         if (plan.learn_fd >= 0) (void)::close(plan.learn_fd);
+        // Last fork done: from here on this process may have a second thread.
         ImageWarmUp warm_up =
             image.kind == ImageSource::Kind::kSquashfs
                 ? start_image_warm_up(kImageDir, first_lookups(config),

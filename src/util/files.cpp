@@ -1,6 +1,7 @@
 #include "util/files.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -90,6 +91,27 @@ void set_nonblocking(int fd, const std::string& what) {
     if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
         throw system_error("cannot make " + what + " non-blocking");
     }
+}
+
+void make_directories(const std::string& path, mode_t mode) {
+    for (size_t start = 1; start <= path.size();) {
+        size_t slash = path.find('/', start);
+        if (slash == std::string::npos) slash = path.size();
+        const std::string partial = path.substr(0, slash);
+        if (::mkdir(partial.c_str(), mode) != 0 && errno != EEXIST) {
+            throw system_error("cannot create " + partial);
+        }
+        start = slash + 1;
+    }
+}
+
+UniqueFd lock_file(const std::string& path) {
+    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+    if (!fd) throw system_error("cannot open " + path);
+    while (::flock(fd.get(), LOCK_EX) != 0) {
+        if (errno != EINTR) throw system_error("cannot lock " + path);
+    }
+    return fd;
 }
 
 }  // namespace sqbox

@@ -33,4 +33,12 @@ Pipe make_pipe(const std::string& purpose);
 // Sets O_NONBLOCK on `fd`; throws Error "cannot make WHAT non-blocking" on failure.
 void set_nonblocking(int fd, const std::string& what);
 
+// Creates the absolute directory `path` and any missing parent with `mode` (existing ones are
+// left as they are). Throws Error "cannot create DIR" naming the one that failed.
+void make_directories(const std::string& path, mode_t mode);
+
+// Opens (creating, 0600) the lock file `path` and takes an exclusive flock on it, waiting for it;
+// the lock goes with the descriptor. Throws Error naming the file.
+UniqueFd lock_file(const std::string& path);
+
 }  // namespace sqbox

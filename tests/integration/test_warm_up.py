@@ -166,3 +166,26 @@ def test_a_list_that_cannot_be_saved_fails_the_learning_run(sqbox, busybox_image
         result.stderr
     if blocker == "list-is-a-directory":
         assert sorted(os.listdir(cache / "warm-up")) == [".lock", path.name]  # no temporary file
+
+
+def test_a_learning_runs_payload_gets_no_descriptor_of_the_record(sqbox, busybox_image,
+                                                                   tmp_path):
+    """The image server's record file stays with the server: init closes its copy first thing,
+    and the payload has only its stdio (and the descriptor `ls` opens to list)."""
+    result = sqbox.run(busybox_image, "ls", "-l", "/proc/self/fd/",
+                       options=["--learn-warm-up"], env=cache_env(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "sqbox-warm-up" not in result.stdout and "memfd" not in result.stdout, result.stdout
+    # "lr-x------ 1 user group 64 Nov 21 17:49 3[ -> target]": the ninth field.
+    descriptors = sorted(int(line.split()[8]) for line in result.stdout.splitlines()
+                         if line.startswith("l"))
+    assert descriptors == [0, 1, 2, 3], result.stdout
+
+
+def test_a_learning_run_that_times_out_ends_on_time_and_keeps_what_it_saw(sqbox, busybox_image,
+                                                                         tmp_path):
+    env = cache_env(tmp_path)
+    result = sqbox.run(busybox_image, "sh", "-c", "cat /etc/passwd >/dev/null; sleep 30",
+                       options=["--learn-warm-up", "--timeout", "1"], env=env, timeout=20)
+    assert result.returncode == 124, result.stderr
+    assert ("R", "/etc/passwd") in read_list(list_path(sqbox, busybox_image, env))
