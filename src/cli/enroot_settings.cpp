@@ -1,7 +1,5 @@
 #include "cli/enroot_settings.h"
 
-#include <unistd.h>
-
 #include <cstdlib>
 #include <filesystem>
 #include <regex>

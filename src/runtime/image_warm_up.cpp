@@ -31,17 +31,23 @@ constexpr size_t kMaxInterpreters = 4;
 constexpr size_t kListingBufferBytes = 32 << 10;
 constexpr size_t kMaxListingCalls = 16;
 
+// Opens `path` as the sandbox would resolve it, on the image mounted at `root`: absolute symlinks
+// and ".." stay inside the image, never across a mount, never through a /proc magic link.
+UniqueFd open_in_image(int root, const std::string& path, uint64_t flags) {
+    open_how how{};
+    how.flags = flags;
+    how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_XDEV | RESOLVE_NO_MAGICLINKS;
+    return UniqueFd(static_cast<int>(::syscall(SYS_openat2, root, path.c_str(), &how, sizeof how)));
+}
+
 // What the payload itself would do first with a name: look it up, and read a file's first chunk
 // or list a directory (the kernel keeps a directory's listing: image/squashfs_server.cpp).
 void warm_up_learned(int root, const WarmUpName& name) {
-    open_how how{};
     // O_PATH: a lookup (following symlinks, inside the image) and nothing else.
-    how.flags = O_PATH | O_CLOEXEC;
-    if (name.kind == WarmUpKind::kRead) how.flags = O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC;
-    if (name.kind == WarmUpKind::kList) how.flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC;
-    how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_XDEV | RESOLVE_NO_MAGICLINKS;
-    UniqueFd file(
-        static_cast<int>(::syscall(SYS_openat2, root, name.path.c_str(), &how, sizeof how)));
+    uint64_t flags = O_PATH | O_CLOEXEC;
+    if (name.kind == WarmUpKind::kRead) flags = O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC;
+    if (name.kind == WarmUpKind::kList) flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC;
+    UniqueFd file = open_in_image(root, name.path, flags);
     if (!file) return;
     if (name.kind == WarmUpKind::kList) {
         std::array<char, kListingBufferBytes> entries{};
@@ -62,15 +68,12 @@ void warm_up(const std::string& mount_point, std::vector<std::string> paths,
              const std::vector<WarmUpName>& learned) {
     UniqueFd root(::open(mount_point.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
     if (!root) return;
-    open_how how{};
-    // O_NONBLOCK: a FIFO does not block the open.
-    how.flags = O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC;
-    how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_XDEV | RESOLVE_NO_MAGICLINKS;
     const size_t limit = paths.size() + kMaxInterpreters;
     // Failures (missing names included) are the point or harmless.
     for (size_t i = 0; i < paths.size(); ++i) {
-        UniqueFd file(static_cast<int>(
-            ::syscall(SYS_openat2, root.get(), paths[i].c_str(), &how, sizeof how)));
+        // O_NONBLOCK: a FIFO does not block the open.
+        UniqueFd file =
+            open_in_image(root.get(), paths[i], O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
         struct stat info {};
         if (!file || ::fstat(file.get(), &info) != 0 || !S_ISREG(info.st_mode)) continue;
         if ((info.st_mode & 0111) != 0 && paths.size() < limit) {
