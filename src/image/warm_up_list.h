@@ -7,9 +7,10 @@
 // the sandbox is still being set up (runtime/image_warm_up.h), and the payload finds them cached.
 //
 // Lists are only ever written by `sqbox run --learn-warm-up`, which the caller runs on purpose
-// with a command they trust (python3 -c 'import numpy', say). A plain run never writes one: a
-// list learned from a hostile payload would let one sandbox leave marks (which names are cached)
-// that the next could time.
+// with a command they trust (python3 -c 'import numpy', say), or carried by the image itself
+// (image/warm_up_store.h). A plain run never writes one: a list learned from a hostile payload
+// would let one sandbox leave marks (which names are cached, which files are unpacked:
+// image/hot_files.h) that the next could tell.
 //
 // This file is the list's format; image/warm_up_store.h keeps one list per image. The format: the
 // line

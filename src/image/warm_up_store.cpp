@@ -10,8 +10,10 @@
 #include <cstdio>
 #include <string_view>
 
+#include "image/image_paths.h"
 #include "util/errors.h"
 #include "util/files.h"
+#include "util/stable_hash.h"
 #include "util/unique_fd.h"
 #include "util/user_directories.h"
 
@@ -25,16 +27,9 @@ constexpr size_t kKeyBytes = size_t{4} << 10;
 
 // A list file larger than this is not one sqbox wrote.
 constexpr size_t kMaxListFileBytes = size_t{32} << 20;
-
-// FNV-1a, 64 bits: stable across builds and machines (unlike std::hash), and enough to tell
-// images apart by accident.
-uint64_t fnv1a(std::string_view bytes, uint64_t hash = 0xcbf29ce484222325ULL) {
-    for (unsigned char byte : bytes) {
-        hash ^= byte;
-        hash *= 0x100000001b3ULL;
-    }
-    return hash;
-}
+// An image's own list is read on every start: a few KiB for a program's start-up, and never
+// more than this.
+constexpr size_t kMaxImageListFileBytes = size_t{1} << 20;
 
 std::string parent_of(const std::string& path) {
     const size_t slash = path.rfind('/');
@@ -42,8 +37,8 @@ std::string parent_of(const std::string& path) {
     return path.substr(0, slash);
 }
 
-// Lists are only read from and written to a directory that is the caller's alone: in one that
-// others can write, they could swap lists under the caller's runs.
+}  // namespace
+
 void check_private_directory(const std::string& directory) {
     struct stat info {};
     if (::lstat(directory.c_str(), &info) != 0) throw system_error("cannot use " + directory);
@@ -53,8 +48,6 @@ void check_private_directory(const std::string& directory) {
                     "kept only in such a directory");
     }
 }
-
-}  // namespace
 
 std::string default_warm_up_directory() {
     const std::string cache = sqbox_cache_directory();
@@ -72,9 +65,9 @@ std::string warm_up_list_name(int image_fd) {
             static_cast<ssize_t>(tail.size())) {
         throw system_error("cannot read the image");
     }
-    uint64_t hash = fnv1a(head);
-    hash = fnv1a(tail, hash);
-    hash = fnv1a(std::string_view(reinterpret_cast<const char*>(&size), sizeof size), hash);
+    uint64_t hash = stable_hash(head);
+    hash = stable_hash(tail, hash);
+    hash = stable_hash(std::string_view(reinterpret_cast<const char*>(&size), sizeof size), hash);
     char name[17];
     (void)std::snprintf(name, sizeof name, "%016llx", static_cast<unsigned long long>(hash));
     return name;
@@ -95,6 +88,23 @@ std::optional<std::vector<WarmUpName>> load_warm_up_list(const std::string& path
         return std::nullopt;
     }
     return decode_warm_up_list(read_all(file.get(), path));
+}
+
+std::optional<std::vector<WarmUpName>> load_image_warm_up_list(sqfs* fs) {
+    std::optional<std::vector<ImagePathStep>> steps = resolve_image_path(fs, kImageWarmUpListPath);
+    if (!steps || steps->empty()) return std::vector<WarmUpName>{};
+    struct stat info {};
+    if (sqfs_stat(fs, &steps->back().inode, &info) != SQFS_OK || !S_ISREG(info.st_mode) ||
+        static_cast<uint64_t>(info.st_size) > kMaxImageListFileBytes) {
+        return std::nullopt;
+    }
+    std::string data(static_cast<size_t>(info.st_size), '\0');
+    auto length = static_cast<sqfs_off_t>(data.size());
+    if (sqfs_read_range(fs, &steps->back().inode, 0, &length, data.data()) != SQFS_OK ||
+        length != static_cast<sqfs_off_t>(data.size())) {
+        return std::nullopt;
+    }
+    return decode_warm_up_list(data);
 }
 
 SavedWarmUpList add_to_warm_up_list(const std::string& path,

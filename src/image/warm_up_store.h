@@ -15,9 +15,15 @@
 #include <string>
 #include <vector>
 
+#include "image/squashfuse_api.h"
 #include "image/warm_up_list.h"
 
 namespace sqbox {
+
+// Throws Error unless `directory` is a directory of the caller's that nobody else can write:
+// lists (and the files unpacked for them) are only read from and written to such a directory,
+// since in one that others can write they could swap them under the caller's runs.
+void check_private_directory(const std::string& directory);
 
 // The caller's directory for lists: sqbox_cache_directory() + "/warm-up", "" if there is none.
 std::string default_warm_up_directory();
@@ -30,6 +36,14 @@ std::string warm_up_list_name(int image_fd);
 // symlink). Throws Error, with the reason, for a file that cannot be read or a directory that is
 // not private.
 std::optional<std::vector<WarmUpName>> load_warm_up_list(const std::string& path);
+
+// Where an image may carry a list of its own, made when the image was built (images/build does
+// for the recipes that name a warm-up command): runs use it while the caller has learned none.
+inline constexpr const char* kImageWarmUpListPath = "/etc/sqbox/warm-up";
+
+// The list the squashfs image `fs` carries (kImageWarmUpListPath, a symlink followed inside the
+// image): empty if it has none, nullopt if that file is not a list or is over 1 MiB.
+std::optional<std::vector<WarmUpName>> load_image_warm_up_list(sqfs* fs);
 
 struct SavedWarmUpList {
     size_t names = 0;  // in the list now

@@ -5,6 +5,8 @@
 
 #include <optional>
 
+#include "image/hot_files.h"
+#include "image/squashfuse_api.h"
 #include "image/warm_up_store.h"
 #include "util/errors.h"
 #include "util/files.h"
@@ -21,42 +23,82 @@ ImageWarmUpList::ImageWarmUpList(const SandboxConfig& config, const ImageSource&
         }
         return;
     }
-    if (config.warm_up_directory.empty()) {
-        if (config.learn_warm_up) {
-            throw Error(
-                "--learn-warm-up: no place for the list: set SQBOX_CACHE_DIR, XDG_CACHE_HOME or "
-                "HOME");
-        }
-        return;
+    if (config.warm_up_directory.empty() && config.learn_warm_up) {
+        throw Error(
+            "--learn-warm-up: no place for the list: set SQBOX_CACHE_DIR, XDG_CACHE_HOME or HOME");
+    }
+    if (!config.warm_up_directory.empty()) {
+        key_ = warm_up_list_name(image.file.get());
+        path_ = config.warm_up_directory + "/" + key_;
     }
     if (config.learn_warm_up) {
-        path_ = config.warm_up_directory + "/" + warm_up_list_name(image.file.get());
         records_.reset(::memfd_create("sqbox-warm-up", MFD_CLOEXEC));
         if (!records_) throw system_error("--learn-warm-up: memfd_create");
         plan.learn_fd = records_.get();
     }
     if (!config.use_warm_up_list) return;
+    if (!path_.empty()) load_learned_list(config.verbose);
+    if (names_.empty()) load_image_list(config.verbose, image);
+    // A learning run reads everything through the image server, which records what it reads.
+    // A container's persistent layer is never stacked on them (rootfs.cpp says why).
+    if (!names_.empty() && !path_.empty() && !config.learn_warm_up &&
+        config.persistent_layer.empty()) {
+        use_hot_files(config, image, plan);
+    }
+}
+
+void ImageWarmUpList::load_learned_list(bool verbose) {
     try {
-        if (path_.empty()) {
-            path_ = config.warm_up_directory + "/" + warm_up_list_name(image.file.get());
-        }
         std::optional<std::vector<WarmUpName>> loaded = load_warm_up_list(path_);
         if (!loaded) {
-            if (config.verbose) {
-                print_error("warm-up: " + path_ + " is not a warm-up list; ignored");
-            }
+            if (verbose) print_error("warm-up: " + path_ + " is not a warm-up list; ignored");
             return;
         }
         names_ = std::move(*loaded);
     } catch (const Error& e) {
-        if (config.verbose) print_error(std::string("warm-up: ") + e.what() + "; no list used");
+        if (verbose) print_error(std::string("warm-up: ") + e.what() + "; no list used");
         return;
     }
-    if (config.verbose) {
-        print_error(names_.empty()
-                        ? "warm-up: no list for this image yet (" + path_ +
-                              "; sqbox run --learn-warm-up makes one)"
-                        : "warm-up: " + std::to_string(names_.size()) + " names from " + path_);
+    if (verbose && !names_.empty()) {
+        print_error("warm-up: " + std::to_string(names_.size()) + " names from " + path_);
+    }
+}
+
+void ImageWarmUpList::load_image_list(bool verbose, const ImageSource& image) {
+    std::optional<std::vector<WarmUpName>> carried = load_image_warm_up_list(&image.squashfs->fs);
+    if (!carried) {
+        if (verbose) {
+            print_error(std::string("warm-up: the image's ") + kImageWarmUpListPath +
+                        " is not a warm-up list; ignored");
+        }
+        return;
+    }
+    names_ = std::move(*carried);
+    if (!verbose) return;
+    if (!names_.empty()) {
+        print_error("warm-up: " + std::to_string(names_.size()) + " names from the image's " +
+                    kImageWarmUpListPath + " (none learned yet)");
+    } else if (!path_.empty()) {
+        print_error("warm-up: no list for this image yet (" + path_ +
+                    "; sqbox run --learn-warm-up makes one)");
+    }
+}
+
+void ImageWarmUpList::use_hot_files(const SandboxConfig& config, const ImageSource& image,
+                                    SandboxPlan& plan) const {
+    try {
+        std::optional<HotFiles> hot = prepare_hot_files(&image.squashfs->fs, image.file.get(),
+                                                        config.warm_up_directory, key_, names_);
+        if (!hot) return;
+        plan.hot_files_tree = hot->tree;
+        if (config.verbose) {
+            print_error("warm-up: " + std::to_string(hot->files) + " files (" +
+                        std::to_string(hot->bytes) + " bytes) " +
+                        (hot->made ? "unpacked in " : "from ") + hot->tree);
+        }
+    } catch (const Error& e) {
+        // A cache never fails a run: the sandbox reads those files from the image instead.
+        if (config.verbose) print_error(std::string("warm-up: files not unpacked: ") + e.what());
     }
 }
 

@@ -1,6 +1,7 @@
 #include "runtime/rootfs.h"
 
 #include <fcntl.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -29,10 +30,10 @@ UniqueFd open_directory(const std::string& path) {
 }
 
 // The overlay: the image (and a container's persistent layer, when it is only shown) below, a
-// writable layer above: the sandbox's tmpfs, or a container's persistent layer. Returns false if
-// the kernel refuses overlayfs to this user (then the caller falls back to a read-only root).
-bool mount_overlay(const std::string& target, const std::string& lower,
-                   const std::string& layer_dir) {
+// writable layer above: the sandbox's tmpfs, or a container's persistent layer. Returns 0, or the
+// errno with which the kernel refused it.
+int try_mount_overlay(const std::string& target, const std::string& lower,
+                      const std::string& layer_dir) {
     auto try_mount = [&](bool user_xattr) -> int {
         MountOptions options = {{"lowerdir", lower},
                                 {"upperdir", layer_dir + "/upper"},
@@ -53,8 +54,27 @@ bool mount_overlay(const std::string& target, const std::string& lower,
         }
     };
     int err = try_mount(true);
-    if (err == 0) return true;
     if (err == EINVAL) err = try_mount(false);  // kernels before 5.11 know no userxattr
+    return err;
+}
+
+// Whether the supervisor bound the image's unpacked files at /hot (a mount point, not the
+// empty directory of the scratch root).
+bool hot_files_mounted() {
+    struct stat hot {};
+    struct stat root {};
+    return ::stat(kHotFilesDir, &hot) == 0 && ::stat("/", &root) == 0 && hot.st_dev != root.st_dev;
+}
+
+// mount_overlay with the unpacked files above the image when there are some: if the kernel
+// refuses that layer (its filesystem, say), the sandbox still gets the overlay without it.
+bool mount_overlay(const std::string& target, const std::string& lower,
+                   const std::string& layer_dir, bool with_hot_files) {
+    int err = ENOENT;
+    if (with_hot_files) {
+        err = try_mount_overlay(target, std::string(kHotFilesDir) + ":" + lower, layer_dir);
+    }
+    if (err != 0) err = try_mount_overlay(target, lower, layer_dir);
     if (err == 0) return true;
     print_error(std::string("warning: overlayfs is not permitted here (") + std::strerror(err) +
                 "); falling back to a read-only root");
@@ -243,7 +263,10 @@ PreparedRoot mount_layers(const SandboxConfig& config,
         }
     }
     PreparedRoot prepared;
-    prepared.writable = mount_overlay(root_path, lower, layer_dir);
+    // Not under a container's persistent layer: its copied-up files would then remember a layer
+    // that later starts may not have.
+    const bool with_hot_files = config.persistent_layer.empty() && hot_files_mounted();
+    prepared.writable = mount_overlay(root_path, lower, layer_dir, with_hot_files);
     if (!prepared.writable) {
         if (!config.persistent_layer.empty()) {
             throw Error(
@@ -263,7 +286,7 @@ void enter_scratch_root() {
     // Only mount points live here; nothing the payload writes ever lands in it.
     UniqueFd scratch = create_filesystem("tmpfs", {{"mode", "0700"}, {"size", "1m"}},
                                          MountAttr::kNoSuid | MountAttr::kNoDev, "scratch tmpfs");
-    for (const char* dir : {kOldRootDir, kImageDir, kSandboxDir}) {
+    for (const char* dir : {kOldRootDir, kImageDir, kSandboxDir, kHotFilesDir, kImageViewDir}) {
         if (::mkdirat(scratch.get(), dir + 1, 0700) != 0) {
             throw system_error(std::string("cannot create scratch directory ") + dir);
         }
@@ -307,6 +330,40 @@ void mount_image(const ImageSource& image, int fuse_fd, const IdMapping& ids) {
                                     MountAttr::kReadOnly | MountAttr::kNoSuid | MountAttr::kNoDev,
                                     "FUSE mount of image " + image.path);
     attach_mount_at(fs.get(), kImageDir, "image " + image.path);
+}
+
+std::string mount_hot_files(const std::string& tree, bool verbose) {
+    try {
+        UniqueFd bound = clone_mount_tree(AT_FDCWD, std::string(kOldRootDir) + tree, false,
+                                          "unpacked files " + tree);
+        set_mount_attributes(bound.get(),
+                             MountAttr::kReadOnly | MountAttr::kNoSuid | MountAttr::kNoDev, 0,
+                             false, "unpacked files " + tree);
+        attach_mount_at(bound.get(), kHotFilesDir, "unpacked files " + tree);
+        // Two lower layers and no upper: a read-only overlay.
+        const std::string lower = std::string(kHotFilesDir) + ":" + kImageDir;
+        UniqueFd view;
+        for (bool user_xattr : {true, false}) {
+            MountOptions options = {{"lowerdir", lower}, {"xino", "off"}};
+            if (user_xattr) options.emplace_back("userxattr", "");
+            try {
+                view =
+                    create_filesystem("overlay", options,
+                                      MountAttr::kReadOnly | MountAttr::kNoSuid | MountAttr::kNoDev,
+                                      "the image's view");
+                break;
+            } catch (const Error& e) {
+                if (!user_xattr || e.system_errno() != EINVAL) throw;
+            }
+        }
+        attach_mount_at(view.get(), kImageViewDir, "the image's view");
+        return kImageViewDir;
+    } catch (const Error& e) {
+        if (verbose) print_error(std::string("warm-up: unpacked files not used: ") + e.what());
+        // Init lays /hot above the image only if it is mounted; a view half made is not read.
+        (void)::umount2(kHotFilesDir, MNT_DETACH);
+        return kImageDir;
+    }
 }
 
 PreparedRoot mount_root_layers(const SandboxConfig& config) {

@@ -17,6 +17,12 @@ namespace sqbox {
 inline constexpr const char* kOldRootDir = "/oldroot";  // host root, inside the scratch root
 inline constexpr const char* kImageDir = "/image";      // the image, read-only
 inline constexpr const char* kSandboxDir = "/sandbox";  // per-sandbox tmpfs: upper layer, staging
+// The image's unpacked files (image/hot_files.h), when there are any: a layer above /image.
+inline constexpr const char* kHotFilesDir = "/hot";
+// The image as sandboxes see it (the unpacked files above /image), read-only: what the
+// supervisor's warm-up reads, so that it does not fetch through FUSE what the sandbox will read
+// from the unpacked files.
+inline constexpr const char* kImageViewDir = "/view";
 
 // Supervisor: replaces the process's root with a small private tmpfs; the old root stays
 // reachable at /oldroot until init detaches it.
@@ -25,6 +31,12 @@ void enter_scratch_root();
 // Supervisor: mounts the image read-only at /image. For a squashfs image, `fuse_fd` is an open
 // /dev/fuse whose server must be started right after (requests block until it answers).
 void mount_image(const ImageSource& image, int fuse_fd, const IdMapping& ids);
+
+// Supervisor, once the image server runs: binds the unpacked files at `tree` (a host path) at
+// /hot, read-only, and mounts the image's view at /view. Returns the directory the warm-up
+// should read: /view, or /image if the layer could not be set up (with --verbose, a line says
+// why; the sandbox then runs from the image alone).
+std::string mount_hot_files(const std::string& tree, bool verbose);
 
 struct PreparedRoot {
     UniqueFd root;            // the sandbox's future "/"

@@ -39,6 +39,8 @@ struct SandboxPlan {
     int channel_fd = -1;
     // A learning run: the memory file the image server appends its records to; -1 otherwise.
     int learn_fd = -1;
+    // The image's unpacked files (image/hot_files.h), a directory on the host; empty if none.
+    std::string hot_files_tree;
 };
 
 }  // namespace sqbox

@@ -123,10 +123,16 @@ void run_supervisor(const SupervisorContext& context) {
                                   plan.learn_fd);
         // The server has its own copy of the learning run's record file.
         if (plan.learn_fd >= 0) (void)::close(plan.learn_fd);
+        // The unpacked files go above the image before init builds the sandbox's root on it
+        // (it waits for image_ready), and the warm-up reads what the sandbox will read.
+        std::string warm_up_root = kImageDir;
+        if (image.kind == ImageSource::Kind::kSquashfs && !plan.hot_files_tree.empty()) {
+            warm_up_root = mount_hot_files(plan.hot_files_tree, config.verbose);
+        }
         // Last fork done: from here on this process may have a second thread.
         ImageWarmUp warm_up =
             image.kind == ImageSource::Kind::kSquashfs
-                ? start_image_warm_up(kImageDir, first_lookups(config),
+                ? start_image_warm_up(warm_up_root, first_lookups(config),
                                       context.warm_up_names != nullptr ? *context.warm_up_names
                                                                        : std::vector<WarmUpName>{})
                 : ImageWarmUp();

@@ -1,6 +1,6 @@
 """An image's learned warm-up list: `sqbox run --learn-warm-up` records what its payload looked up,
-read and listed in a .sqsh image; later runs look those names up ahead of their payload. Only a
-learning run ever writes a list."""
+read and listed in a .sqsh image; later runs look those names up ahead of their payload (and
+unpack the files it reads: test_hot_files.py). Only a learning run ever writes a list."""
 import os
 import re
 import stat
@@ -61,7 +61,8 @@ def test_learning_records_what_the_payload_looked_up_read_and_listed(sqbox, busy
     assert len(entries) == len(set(name for _, name in entries))
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
-    assert sorted(os.listdir(path.parent)) == [".lock", path.name]  # no temporary file left
+    # No temporary file left; the plain run that found the list unpacked the file it reads.
+    assert sorted(os.listdir(path.parent)) == [".lock", path.name, path.name + ".files"]
 
 
 def test_a_plain_run_never_writes_a_list(sqbox, busybox_image, tmp_path):

@@ -291,3 +291,51 @@ def test_a_warm_up_list_does_not_make_the_supervisor_open_host_files(box, busybo
         assert f"warm-up: {len(names)} names from {path}" in result.stderr
         assert not watch.touched(), kind
         assert not directory_watch.touched(), kind
+
+
+def test_an_images_own_list_unpacks_only_its_files_and_only_into_the_cache(box, busybox_rootfs,
+                                                                            host_sentinel,
+                                                                            tmp_path):
+    """An image's /etc/sqbox/warm-up decides which of its files a plain run unpacks into the
+    caller's cache. Whatever it names (symlinks to a host file, absolute, through /oldroot or up
+    a chain of "..", and the host's own paths), names resolve inside the image: only the image's
+    own file is unpacked, inside the cache's tree, the host file is never opened, and nothing is
+    written anywhere else."""
+    rootfs = _rootfs_with(busybox_rootfs, tmp_path / "rootfs")
+    host = str(host_sentinel.file)
+    sbin = rootfs / "usr" / "local" / "sbin"
+    sbin.mkdir(parents=True, exist_ok=True)
+    os.symlink("/oldroot" + host, sbin / "planted")
+    os.symlink(host, sbin / "planted-absolute")
+    os.symlink("../" * 12 + host.lstrip("/"), sbin / "planted-relative")
+    os.symlink(str(host_sentinel.file.parent), sbin / "planted-directory")
+    names = ["/usr/local/sbin/planted", "/usr/local/sbin/planted-absolute",
+             "/usr/local/sbin/planted-relative", "/usr/local/sbin/planted-directory/secret.txt",
+             "/oldroot" + host, host, "/etc/passwd", "/usr/local/sbin/../../../etc/group"]
+    (rootfs / "etc" / "sqbox").mkdir()
+    (rootfs / "etc" / "sqbox" / "warm-up").write_bytes(
+        b"sqbox-warm-up 1\n" + b"".join(b"R" + name.encode() + b"\0" for name in names))
+    image = tmp_path / "planted-list.sqsh"
+    subprocess.run(["mksquashfs", str(rootfs), str(image), "-all-root", "-noappend", "-quiet",
+                    "-no-progress"], check=True, stdout=subprocess.DEVNULL)
+    cache = tmp_path / "cache"
+    env = dict(os.environ, SQBOX_CACHE_DIR=str(cache))
+    sentinel_before = sorted(os.listdir(host_sentinel.dir))
+    watch = _OpenWatch(host_sentinel.file)
+    directory_watch = _OpenWatch(host_sentinel.file.parent)
+    result = box.run(str(image), "cat", "/etc/passwd", options=["--verbose"], env=env)
+    assert result.returncode == 0 and "root:" in result.stdout, result.stderr
+    found = re.search(r"warm-up: 1 files \(\d+ bytes\) unpacked in (\S+)", result.stderr)
+    assert found, result.stderr
+    tree = Path(found.group(1))
+    assert tree.parent.parent == cache / "warm-up"
+    assert sorted(str(p.relative_to(tree)) for p in tree.rglob("*")) == ["etc", "etc/passwd"]
+    assert (tree / "etc" / "passwd").read_text() == result.stdout
+    assert sorted(str(p.relative_to(cache)) for p in cache.rglob("*")
+                  if tree not in p.parents) == sorted(
+        ["warm-up", "warm-up/.lock", f"warm-up/{tree.parent.name}",
+         f"warm-up/{tree.parent.name}/stamp", f"warm-up/{tree.parent.name}/tree"])
+    assert not watch.touched()
+    assert not directory_watch.touched()
+    assert sorted(os.listdir(host_sentinel.dir)) == sentinel_before
+    assert host_sentinel.file.read_text() == host_sentinel.secret + "\n"
