@@ -1,5 +1,6 @@
 #include "image/hot_files.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -8,24 +9,30 @@
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
-#include <map>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "image/container_store.h"
 #include "image/image_paths.h"
 #include "image/warm_up_store.h"
+#include "security/confined_work.h"
 #include "util/errors.h"
 #include "util/files.h"
 #include "util/stable_hash.h"
-#include "util/unique_fd.h"
 
 namespace sqbox {
 namespace {
 
-constexpr const char* kStampHeader = "sqbox-hot-files 1\n";
+constexpr const char* kStampHeader = "sqbox-hot-files 2\n";
 constexpr size_t kMaxStampBytes = 4096;
+// The image's list as kept in the entry: what load_image_warm_up_list accepts, plus its header.
+constexpr size_t kMaxImageListBytes = (size_t{1} << 20) + 64;
 // One data block of a common image (the block cache reads whole blocks anyway).
 constexpr size_t kCopyChunkBytes = size_t{128} << 10;
+// How long a run waits for another one that is making an entry (a confined unpacking ends
+// within its own time limit) before it goes on without.
+constexpr int kLockWaitMs = 3000;
 
 std::string format_time(const timespec& time) {
     char text[48];
@@ -34,94 +41,135 @@ std::string format_time(const timespec& time) {
     return text;
 }
 
-// What the tree was made from: the image file as it is on disk (rewriting it in place changes
-// its times, replacing it changes its inode) and the list's files, in order.
-std::string stamp_of(int image_fd, const std::vector<std::string>& paths) {
+// What the entry is made from: the image file as it is on disk (rewriting it in place changes
+// its times, replacing it changes its inode) and the list, the caller's (its files, in order) or
+// the image's own.
+std::string stamp_prefix(int image_fd, const std::vector<WarmUpName>& learned) {
     struct stat image {};
     if (::fstat(image_fd, &image) != 0) throw system_error("cannot stat the image");
-    uint64_t hash = kStableHashSeed;
-    for (const auto& path : paths) {
-        hash = stable_hash(std::string_view(path.c_str(), path.size() + 1), hash);  // with NUL
+    std::string list = "image";
+    if (!learned.empty()) {
+        uint64_t hash = kStableHashSeed;
+        for (const auto& name : learned) {
+            if (name.kind != WarmUpKind::kRead) continue;
+            hash = stable_hash(std::string_view(name.path.c_str(), name.path.size() + 1), hash);
+        }
+        char text[32];
+        (void)std::snprintf(text, sizeof text, "learned %016" PRIx64, hash);
+        list = text;
     }
     char text[256];
-    (void)std::snprintf(text, sizeof text,
-                        "image %" PRIu64 " %" PRIu64 " %" PRIu64 " %s %s\nlist %016" PRIx64 "\n",
+    (void)std::snprintf(text, sizeof text, "image %" PRIu64 " %" PRIu64 " %" PRIu64 " %s %s\n",
                         static_cast<uint64_t>(image.st_dev), static_cast<uint64_t>(image.st_ino),
                         static_cast<uint64_t>(image.st_size), format_time(image.st_mtim).c_str(),
-                        format_time(image.st_ctim).c_str(), hash);
-    return std::string(kStampHeader) + text;
+                        format_time(image.st_ctim).c_str());
+    return std::string(kStampHeader) + text + "list " + list + "\n";
 }
 
-// The counts line that ends a stamp.
-std::string counts_line(size_t files, uint64_t bytes) {
-    return "unpacked " + std::to_string(files) + " " + std::to_string(bytes) + "\n";
-}
-
-// The tree at `tree_dir` ("KEY.files") if its stamp starts with `stamp`, with the counts it
-// records.
-std::optional<HotFiles> existing_tree(const std::string& tree_dir, const std::string& stamp) {
-    UniqueFd file(
-        ::open((tree_dir + "/stamp").c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+// The small regular file `name` in the directory `dir`, or nullopt.
+std::optional<std::string> read_entry_file(int dir, const char* name, size_t max_bytes) {
+    UniqueFd file(::openat(dir, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
     if (!file) return std::nullopt;
-    std::string content;
     try {
-        content = read_bounded_regular_file(file.get(), kMaxStampBytes, tree_dir + "/stamp");
+        return read_bounded_regular_file(file.get(), max_bytes, name);
     } catch (const Error&) {
         return std::nullopt;
     }
-    if (!content.starts_with(stamp)) return std::nullopt;
-    unsigned long long files = 0;
-    unsigned long long bytes = 0;
-    if (std::sscanf(content.c_str() + stamp.size(), "unpacked %llu %llu\n", &files, &bytes) != 2) {
-        return std::nullopt;
-    }
-    return HotFiles{tree_dir + "/tree", static_cast<size_t>(files), bytes, false};
 }
 
-// Unpacks files into a new tree, directory by directory as their paths need them.
+// The entry at `path` if its stamp starts with `prefix` (and it holds what that stamp says):
+// read through one descriptor of the entry, so that stamp, list and tree are one entry's even
+// if another run replaces it meanwhile.
+std::optional<HotFiles> read_entry(const std::string& path, const std::string& prefix,
+                                   bool image_list) {
+    UniqueFd entry(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!entry) return std::nullopt;
+    std::optional<std::string> stamp = read_entry_file(entry.get(), "stamp", kMaxStampBytes);
+    if (!stamp || !stamp->starts_with(prefix)) return std::nullopt;
+    const std::string status = stamp->substr(prefix.size());
+    HotFiles found;
+    if (status.starts_with("failed ")) {
+        found.failure = status.substr(7, status.find('\n') - 7);
+        return found;
+    }
+    unsigned long long files = 0;
+    unsigned long long bytes = 0;
+    if (std::sscanf(status.c_str(), "unpacked %llu %llu\n", &files, &bytes) != 2) {
+        return std::nullopt;
+    }
+    if (image_list) {
+        std::optional<std::string> list =
+            read_entry_file(entry.get(), "image-list", kMaxImageListBytes);
+        std::optional<std::vector<WarmUpName>> names;
+        if (list) names = decode_warm_up_list(*list);
+        if (!names) return std::nullopt;
+        found.image_names = std::move(*names);
+    }
+    found.files = static_cast<size_t>(files);
+    found.bytes = bytes;
+    if (files > 0) {
+        found.tree_fd.reset(
+            ::openat(entry.get(), "tree", O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+        if (!found.tree_fd) return std::nullopt;
+        found.tree = path + "/tree";
+    }
+    return found;
+}
+
+// Unpacks files into a new tree, directory by directory as their paths need them, within the
+// limits' budgets. Runs in the confined child.
 class TreeBuilder {
   public:
     TreeBuilder(sqfs* fs, int tree_fd, const HotFilesLimits& limits)
-        : fs_(fs), tree_fd_(tree_fd), limits_(limits) {}
+        : fs_(fs), tree_fd_(tree_fd), limits_(limits), lookups_left_(limits.lookups) {}
 
     // Unpacks the file `path` resolves to, if it qualifies (see the header).
     void add(const std::string& path) {
-        std::optional<std::vector<ImagePathStep>> steps = resolve_image_path(fs_, path);
+        std::optional<std::vector<ImagePathStep>> steps =
+            resolve_image_path(fs_, path, &lookups_left_);
         if (!steps || steps->empty()) return;
         struct stat file {};
         if (sqfs_stat(fs_, &steps->back().inode, &file) != SQFS_OK) return;
         const auto size = static_cast<uint64_t>(file.st_size);
         if (!S_ISREG(file.st_mode) || file.st_nlink != 1 ||
             (file.st_mode & (S_ISUID | S_ISGID)) != 0 || size > limits_.file_bytes ||
-            bytes_ + size > limits_.total_bytes) {
+            bytes_ + size > limits_.total_bytes || created_ + steps->size() > limits_.entries) {
             return;
         }
         UniqueFd parent = open_parents(*steps);
         const std::string& name = steps->back().name;
+        const std::string where = image_path_of(*steps);
         UniqueFd out(::openat(parent.get(), name.c_str(),
                               O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
         if (!out) {
             if (errno == EEXIST) return;  // two names of the list lead to one file
-            throw system_error("cannot create " + image_path_of(*steps));
+            throw system_error("cannot create " + where);
         }
-        copy_contents(&steps->back().inode, size, out.get(), image_path_of(*steps));
-        set_attributes(out.get(), file, image_path_of(*steps));
+        ++created_;
+        if (!copy_contents(&steps->back().inode, size, out.get(), where)) {
+            // A file the image cannot give whole stays in the image.
+            (void)::unlinkat(parent.get(), name.c_str(), 0);
+            return;
+        }
+        set_attributes(out.get(), file, where);
         ++files_;
         bytes_ += size;
     }
 
     // The image's permission bits and modification time on each directory made, now that
-    // nothing more is created in them.
+    // nothing more is created in them: deepest first (in reverse order of creation), so that a
+    // directory the image makes unsearchable (mode 0000, say) is closed only after everything in
+    // it.
     void finish() {
-        for (auto& [path, inode] : directories_) {
+        for (auto made = directories_.rbegin(); made != directories_.rend(); ++made) {
             struct stat directory {};
-            if (sqfs_stat(fs_, &inode, &directory) != SQFS_OK) {
-                throw Error("cannot read the image's directory " + path);
+            if (sqfs_stat(fs_, &made->second, &directory) != SQFS_OK) {
+                throw Error("cannot read the image's directory /" + made->first);
             }
-            UniqueFd fd(::openat(tree_fd_, path.c_str() + 1,
+            UniqueFd fd(::openat(tree_fd_, made->first.c_str(),
                                  O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-            if (!fd) throw system_error("cannot open " + path);
-            set_attributes(fd.get(), directory, path);
+            if (!fd) throw system_error("cannot open /" + made->first);
+            set_attributes(fd.get(), directory, "/" + made->first);
         }
     }
 
@@ -133,24 +181,26 @@ class TreeBuilder {
     UniqueFd open_parents(const std::vector<ImagePathStep>& steps) {
         UniqueFd current(::dup(tree_fd_));
         if (!current) throw system_error("dup");
-        std::string path;
+        std::string path;  // relative to the tree
         for (size_t i = 0; i + 1 < steps.size(); ++i) {
             const std::string& name = steps[i].name;
-            path += "/" + name;
+            path += (path.empty() ? "" : "/") + name;
             if (::mkdirat(current.get(), name.c_str(), 0700) == 0) {
-                directories_.emplace(path, steps[i].inode);
+                directories_.emplace_back(path, steps[i].inode);
+                ++created_;
             } else if (errno != EEXIST) {
-                throw system_error("cannot create " + path);
+                throw system_error("cannot create /" + path);
             }
             UniqueFd next(::openat(current.get(), name.c_str(),
                                    O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-            if (!next) throw system_error("cannot open " + path);
+            if (!next) throw system_error("cannot open /" + path);
             current = std::move(next);
         }
         return current;
     }
 
-    void copy_contents(sqfs_inode* inode, uint64_t size, int out, const std::string& path) {
+    // False if the image cannot give the file's contents; throws if they cannot be written.
+    bool copy_contents(sqfs_inode* inode, uint64_t size, int out, const std::string& path) {
         buffer_.resize(kCopyChunkBytes);
         for (uint64_t offset = 0; offset < size;) {
             auto length =
@@ -158,18 +208,22 @@ class TreeBuilder {
             if (sqfs_read_range(fs_, inode, static_cast<sqfs_off_t>(offset), &length,
                                 buffer_.data()) != SQFS_OK ||
                 length <= 0) {
-                throw Error("cannot read " + path + " from the image");
+                return false;
             }
             if (!write_all(out, buffer_.data(), static_cast<size_t>(length))) {
                 throw system_error("cannot write the unpacked " + path);
             }
             offset += static_cast<uint64_t>(length);
         }
+        return true;
     }
 
+    // The image's mode bits and modification time; the caller's group explicitly, whatever the
+    // cache directory would hand down (a setgid directory, a grpid mount).
     static void set_attributes(int fd, const struct stat& image, const std::string& path) {
         const timespec times[2] = {image.st_mtim, image.st_mtim};
-        if (::fchmod(fd, image.st_mode & 07777) != 0 || ::futimens(fd, times) != 0) {
+        if (::fchown(fd, static_cast<uid_t>(-1), ::getegid()) != 0 ||
+            ::fchmod(fd, image.st_mode & 07777) != 0 || ::futimens(fd, times) != 0) {
             throw system_error("cannot set the attributes of the unpacked " + path);
         }
     }
@@ -177,63 +231,120 @@ class TreeBuilder {
     sqfs* fs_;
     int tree_fd_;
     HotFilesLimits limits_;
-    std::map<std::string, sqfs_inode> directories_;
+    size_t lookups_left_;
+    size_t created_ = 0;
+    std::vector<std::pair<std::string, sqfs_inode>> directories_;  // in order of creation
     std::vector<char> buffer_;
     size_t files_ = 0;
     uint64_t bytes_ = 0;
 };
 
-// Makes the tree in `temporary` (removed first if a killed run left it), stamp last.
-HotFiles make_tree(sqfs* fs, const std::string& temporary, const std::string& stamp,
-                   const std::vector<std::string>& paths, const HotFilesLimits& limits) {
-    remove_tree(temporary);
-    if (::mkdir(temporary.c_str(), 0700) != 0) throw system_error("cannot create " + temporary);
-    const std::string tree = temporary + "/tree";
-    if (::mkdir(tree.c_str(), 0755) != 0) throw system_error("cannot create " + tree);
-    UniqueFd tree_fd(::open(tree.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-    if (!tree_fd) throw system_error("cannot open " + tree);
-    TreeBuilder builder(fs, tree_fd.get(), limits);
-    for (const auto& path : paths) builder.add(path);
+// The confined child's work: the image's own list (when no learned one is given) into
+// `image-list`, the files of the list into `tree`. Returns "FILES BYTES".
+std::string unpack(sqfs* fs, int entry_fd, const std::vector<WarmUpName>& learned,
+                   const HotFilesLimits& limits) {
+    std::vector<WarmUpName> names = learned;
+    if (learned.empty()) {
+        // An image whose list is not one is as one without: nothing to unpack.
+        names = load_image_warm_up_list(fs).value_or(std::vector<WarmUpName>{});
+        write_file_at(entry_fd, "image-list", encode_warm_up_list(names), O_EXCL | O_NOFOLLOW,
+                      0600);
+    }
+    if (::mkdirat(entry_fd, "tree", 0755) != 0) throw system_error("cannot create tree");
+    UniqueFd tree(::openat(entry_fd, "tree", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!tree) throw system_error("cannot open tree");
+    TreeBuilder builder(fs, tree.get(), limits);
+    for (const auto& name : names) {
+        if (name.kind == WarmUpKind::kRead) builder.add(name.path);
+    }
     builder.finish();
-    write_file_at(AT_FDCWD, temporary + "/stamp",
-                  stamp + counts_line(builder.files(), builder.bytes()), O_EXCL | O_NOFOLLOW, 0600);
-    return {tree, builder.files(), builder.bytes(), true};
+    return std::to_string(builder.files()) + " " + std::to_string(builder.bytes());
+}
+
+UniqueFd make_empty_directory(const std::string& path) {
+    remove_tree(path);
+    if (::mkdir(path.c_str(), 0700) != 0) throw system_error("cannot create " + path);
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!fd) throw system_error("cannot open " + path);
+    return fd;
+}
+
+// Removes the oldest entries (by when they were made) of `directory` but `keep`, so that at most
+// kMaxEntries remain. Best effort: a sandbox still running on a removed tree keeps the files it
+// opened and finds the rest in the image.
+void remove_oldest_entries(const std::string& directory, const std::string& keep) {
+    std::unique_ptr<DIR, int (*)(DIR*)> listing(::opendir(directory.c_str()), ::closedir);
+    if (!listing) return;
+    std::vector<std::pair<int64_t, std::string>> entries;  // (made, name)
+    while (const dirent* item = ::readdir(listing.get())) {
+        const std::string name = item->d_name;
+        if (!name.ends_with(".files") || name == keep) continue;
+        struct stat stamp {};
+        const std::string stamp_path = directory + "/" + name + "/stamp";
+        const int64_t made =
+            ::lstat(stamp_path.c_str(), &stamp) == 0 ? static_cast<int64_t>(stamp.st_mtime) : 0;
+        entries.emplace_back(made, name);
+    }
+    if (entries.size() < kMaxEntries) return;
+    std::sort(entries.begin(), entries.end());
+    for (size_t i = 0; i + kMaxEntries <= entries.size(); ++i) {
+        try {
+            remove_tree(directory + "/" + entries[i].second);
+        } catch (const Error&) {  // another run is at it
+        }
+    }
 }
 
 }  // namespace
 
-std::optional<HotFiles> prepare_hot_files(sqfs* fs, int image_fd, const std::string& directory,
-                                          const std::string& key,
-                                          const std::vector<WarmUpName>& names,
-                                          const HotFilesLimits& limits) {
-    std::vector<std::string> paths;
-    for (const auto& name : names) {
-        if (name.kind == WarmUpKind::kRead) paths.push_back(name.path);
+HotFiles prepare_hot_files(sqfs* fs, int image_fd, const std::string& directory,
+                           const std::string& key, const std::vector<WarmUpName>& learned,
+                           const HotFilesLimits& limits) {
+    const std::string prefix = stamp_prefix(image_fd, learned);
+    const std::string entry = directory + "/" + key + ".files";
+    const bool image_list = learned.empty();
+    if (std::optional<HotFiles> found = read_entry(entry, prefix, image_list)) {
+        return std::move(*found);
     }
-    if (paths.empty()) return std::nullopt;
-    const std::string stamp = stamp_of(image_fd, paths);
-    const std::string tree_dir = directory + "/" + key + ".files";
-    auto usable = [](std::optional<HotFiles> tree) {
-        return tree && tree->files > 0 ? tree : std::nullopt;
-    };
-    if (std::optional<HotFiles> tree = existing_tree(tree_dir, stamp)) return usable(tree);
 
     make_directories(directory, 0700);
     check_private_directory(directory);
-    UniqueFd lock = lock_file(directory + "/.lock");
+    UniqueFd lock = lock_file_within(directory + "/.lock", kLockWaitMs);
+    if (!lock) {
+        HotFiles busy;
+        busy.failure = "another run is still making it";
+        return busy;
+    }
     // Again under the lock: another run may have made it meanwhile.
-    if (std::optional<HotFiles> tree = existing_tree(tree_dir, stamp)) return usable(tree);
-    const std::string temporary = tree_dir + ".tmp";
-    const std::string old = tree_dir + ".old";
-    HotFiles made;
+    if (std::optional<HotFiles> found = read_entry(entry, prefix, image_list)) {
+        return std::move(*found);
+    }
+
+    const std::string temporary = entry + ".tmp";
+    const std::string old = entry + ".old";
+    UniqueFd made = make_empty_directory(temporary);
+    std::string status;
     try {
-        made = make_tree(fs, temporary, stamp, paths, limits);
+        const int made_fd = made.get();
+        status = "unpacked " +
+                 run_confined(made_fd, [&] { return unpack(fs, made_fd, learned, limits); }) + "\n";
+    } catch (const Error& e) {
+        // Recorded, so that later runs do not try again until the image or the list changes.
+        std::string why = e.what();
+        std::replace(why.begin(), why.end(), '\n', ' ');
+        made.reset();
+        made = make_empty_directory(temporary);
+        status = "failed " + why + "\n";
+    }
+    try {
+        write_file_at(made.get(), "stamp", prefix + status, O_EXCL | O_NOFOLLOW, 0600);
+        made.reset();
         remove_tree(old);
-        if (::rename(tree_dir.c_str(), old.c_str()) != 0 && errno != ENOENT) {
-            throw system_error("cannot replace " + tree_dir);
+        if (::rename(entry.c_str(), old.c_str()) != 0 && errno != ENOENT) {
+            throw system_error("cannot replace " + entry);
         }
-        if (::rename(temporary.c_str(), tree_dir.c_str()) != 0) {
-            throw system_error("cannot rename " + temporary + " to " + tree_dir);
+        if (::rename(temporary.c_str(), entry.c_str()) != 0) {
+            throw system_error("cannot rename " + temporary + " to " + entry);
         }
     } catch (const Error&) {
         try {
@@ -245,8 +356,11 @@ std::optional<HotFiles> prepare_hot_files(sqfs* fs, int image_fd, const std::str
     // Sandboxes still running on the old tree keep the files they opened; names they have not
     // looked up yet come from the image instead.
     remove_tree(old);
-    made.tree = tree_dir + "/tree";
-    return usable(made);
+    remove_oldest_entries(directory, key + ".files");
+    std::optional<HotFiles> found = read_entry(entry, prefix, image_list);
+    if (!found) throw Error("cannot read " + entry + " just made");
+    found->made = true;
+    return std::move(*found);
 }
 
 }  // namespace sqbox

@@ -1,5 +1,6 @@
-// The files an image's warm-up list reads, unpacked once into the caller's cache and laid as a
-// read-only layer between the sandbox's writable layer and the image.
+// What sqbox keeps for one image file next to its warm-up list: the files the list reads,
+// unpacked once and laid as a read-only layer between the sandbox's writable layer and the image,
+// and, while the caller has learned no list, a copy of the list the image carries.
 //
 // Every fresh sandbox starts with an empty page cache on its FUSE mount, so each file its
 // payload reads comes through the image server again, 128 KiB per round trip: for Python's
@@ -10,22 +11,27 @@
 // Only the files a warm-up list reads ('R') are unpacked, and lists come only from runs the
 // caller made on purpose (--learn-warm-up) or from the image itself: what a payload reads in a
 // plain run never decides what later sandboxes find unpacked (image/warm_up_list.h says why).
-// Paths are resolved in the image (image/image_paths.h), never on the host, and the tree is made
-// of directories and regular files only, each created relative to its parent without following
-// anything.
+//
+// The image is untrusted input, so everything read from it here (its own list, its directories
+// and symlinks, the files) is read in a confined child process (security/confined_work.h) that
+// can write only below the new entry. Paths are resolved in the image (image/image_paths.h),
+// never on the host, within budgets of lookups and entries, and the tree is made of directories
+// and regular files only, each created relative to its parent without following anything.
 //
 // What a sandbox sees does not change: the unpacked tree holds each file at its own path (every
 // symlink on the way followed in the image), with the image's content, size, permission bits and
 // modification time, and each directory on the way with the image's permission bits and
-// modification time. Files that are hard links, setuid or setgid are left in the image, where
-// their link count and mode bits stay as they are. The owner is the caller, whom the image server
-// also shows as every file's owner. What differs: inode numbers and the device, and a status
-// change time of when the tree was made.
+// modification time. Files that are hard links, setuid or setgid are left in the image. Owner and
+// group are the caller's, whom the image server also shows as every file's. What differs: inode
+// numbers and the device, a status change time of when the tree was made, and the link count and
+// size of a directory that now merges the tree with the image (overlayfs reports 1 and its own).
 //
-// The tree lives next to the list (DIRECTORY/KEY.files) and records the image file it was made
-// from (device, inode, size, modification and status change times) and the list it unpacks: a
-// rewritten image or a new list gets a new tree, made under the list directory's lock in
-// KEY.files.tmp and swapped in by renames.
+// The entry (DIRECTORY/KEY.files: `stamp`, `tree/`, and `image-list` when the image's list is
+// used) records the image file it was made from (device, inode, size, modification and status
+// change times) and which list it unpacks: a rewritten image or a new list gets a new entry,
+// made in KEY.files.tmp under KEY.files.lock and swapped in by renames. One that could not be
+// made is recorded as failed, so that runs do not try again until the image or the list changes.
+// At most kMaxEntries entries are kept; making one more removes the oldest.
 #pragma once
 
 #include <cstddef>
@@ -36,30 +42,37 @@
 
 #include "image/squashfuse_api.h"
 #include "image/warm_up_list.h"
+#include "util/unique_fd.h"
 
 namespace sqbox {
 
 struct HotFilesLimits {
     uint64_t total_bytes = uint64_t{256} << 20;  // what one image's tree may hold
     uint64_t file_bytes = uint64_t{64} << 20;    // larger files stay in the image
+    size_t entries = 16384;                      // directories and files created
+    size_t lookups = 200000;                     // directory lookups, symlinks followed included
 };
+
+// Entries (images) whose files are kept in one list directory.
+inline constexpr size_t kMaxEntries = 8;
 
 struct HotFiles {
-    std::string tree;  // the directory to lay above the image
-    size_t files = 0;  // unpacked in it
+    std::vector<WarmUpName> image_names;  // the image's own list, when no learned one was given
+    std::string tree;                     // the unpacked tree; empty if there is none
+    UniqueFd tree_fd;                     // O_PATH of `tree`, checked against its stamp
+    size_t files = 0;
     uint64_t bytes = 0;
-    bool made = false;  // by this call (it was missing or out of date)
+    bool made = false;    // by this call (it was missing or out of date)
+    std::string failure;  // why the entry could not be made ("" if it could)
 };
 
-// The unpacked tree for the files `names` reads, in the private list directory `directory`,
-// for the image open at `image_fd` (`fs`) whose list is named `key`: the existing tree if it was
-// made from this image file and these names, otherwise a new one. nullopt if none of the files
-// can be unpacked (missing, not a regular file, too large, a hard link, setuid or setgid).
-// Throws Error, naming the path, if the directory cannot be used or the tree cannot be made; it
-// leaves no partial tree behind.
-std::optional<HotFiles> prepare_hot_files(sqfs* fs, int image_fd, const std::string& directory,
-                                          const std::string& key,
-                                          const std::vector<WarmUpName>& names,
-                                          const HotFilesLimits& limits = {});
+// The entry for the image open at `image_fd` (`fs`), whose list is named `key`, in the private
+// list directory `directory`: the files of `learned` unpacked or, with `learned` empty, those of
+// the image's own list, together with that list. Made first if missing or out of date. Throws
+// Error, naming the path, if the directory cannot be used; a failure to read the image or to
+// unpack is recorded in the entry and returned in `failure`, and leaves no partial tree.
+HotFiles prepare_hot_files(sqfs* fs, int image_fd, const std::string& directory,
+                           const std::string& key, const std::vector<WarmUpName>& learned,
+                           const HotFilesLimits& limits = {});
 
 }  // namespace sqbox

@@ -8,8 +8,10 @@
 namespace sqbox {
 namespace {
 
-// As the kernel's limit on symlinks followed in one lookup.
+// As the kernel's limits: symlinks followed in one lookup, the length of a path and of a symlink's
+// target.
 constexpr int kMaxSymlinks = 40;
+constexpr size_t kMaxPathBytes = 4096;
 
 // Puts the components of `path` in front of `pending`, in order.
 void push_components_front(std::deque<std::string>& pending, std::string_view path) {
@@ -26,7 +28,10 @@ void push_components_front(std::deque<std::string>& pending, std::string_view pa
 
 std::optional<std::string> read_symlink(sqfs* fs, sqfs_inode* inode) {
     size_t size = 0;
-    if (sqfs_readlink(fs, inode, nullptr, &size) != SQFS_OK) return std::nullopt;
+    // The size comes from the image: bounded before anything is allocated for it.
+    if (sqfs_readlink(fs, inode, nullptr, &size) != SQFS_OK || size >= kMaxPathBytes) {
+        return std::nullopt;
+    }
     std::string target(size + 1, '\0');
     size = target.size();
     if (sqfs_readlink(fs, inode, target.data(), &size) != SQFS_OK) return std::nullopt;
@@ -36,13 +41,15 @@ std::optional<std::string> read_symlink(sqfs* fs, sqfs_inode* inode) {
 
 }  // namespace
 
-std::optional<std::vector<ImagePathStep>> resolve_image_path(sqfs* fs, const std::string& path) {
+std::optional<std::vector<ImagePathStep>> resolve_image_path(sqfs* fs, const std::string& path,
+                                                             size_t* lookups_left) {
     sqfs_inode root;
     if (sqfs_inode_get(fs, &root, sqfs_inode_root(fs)) != SQFS_OK) return std::nullopt;
     std::vector<ImagePathStep> steps;
     std::deque<std::string> pending;
     push_components_front(pending, path);
     int symlinks = 0;
+    size_t path_bytes = 0;  // of the steps so far, with their slashes
     sqfs_name name_buffer;
     sqfs_dir_entry entry;
     sqfs_dentry_init(&entry, name_buffer);
@@ -51,8 +58,15 @@ std::optional<std::vector<ImagePathStep>> resolve_image_path(sqfs* fs, const std
         pending.pop_front();
         if (name == ".") continue;
         if (name == "..") {
-            if (!steps.empty()) steps.pop_back();
+            if (!steps.empty()) {
+                path_bytes -= steps.back().name.size() + 1;
+                steps.pop_back();
+            }
             continue;
+        }
+        if (lookups_left != nullptr) {
+            if (*lookups_left == 0) return std::nullopt;
+            --*lookups_left;
         }
         sqfs_inode* directory = steps.empty() ? &root : &steps.back().inode;
         if (!S_ISDIR(directory->base.mode)) return std::nullopt;
@@ -69,10 +83,15 @@ std::optional<std::vector<ImagePathStep>> resolve_image_path(sqfs* fs, const std
             if (++symlinks > kMaxSymlinks) return std::nullopt;
             std::optional<std::string> target = read_symlink(fs, &step.inode);
             if (!target || target->empty()) return std::nullopt;
-            if (target->front() == '/') steps.clear();
+            if (target->front() == '/') {
+                steps.clear();
+                path_bytes = 0;
+            }
             push_components_front(pending, *target);
             continue;
         }
+        path_bytes += step.name.size() + 1;
+        if (path_bytes > kMaxPathBytes) return std::nullopt;
         steps.push_back(std::move(step));
     }
     return steps;

@@ -38,12 +38,14 @@ ImageWarmUpList::ImageWarmUpList(const SandboxConfig& config, const ImageSource&
     }
     if (!config.use_warm_up_list) return;
     if (!path_.empty()) load_learned_list(config.verbose);
-    if (names_.empty()) load_image_list(config.verbose, image);
-    // A learning run reads everything through the image server, which records what it reads.
-    // A container's persistent layer is never stacked on them (rootfs.cpp says why).
-    if (!names_.empty() && !path_.empty() && !config.learn_warm_up &&
-        config.persistent_layer.empty()) {
+    // A learning run reads everything through the image server, which records what it reads. A
+    // container's persistent layer is never stacked on unpacked files (rootfs.cpp says why).
+    if (!path_.empty() && !config.learn_warm_up && config.persistent_layer.empty()) {
         use_hot_files(config, image, plan);
+    }
+    if (config.verbose && names_.empty() && !path_.empty()) {
+        print_error("warm-up: no list for this image yet (" + path_ +
+                    "; sqbox run --learn-warm-up makes one)");
     }
 }
 
@@ -64,42 +66,36 @@ void ImageWarmUpList::load_learned_list(bool verbose) {
     }
 }
 
-void ImageWarmUpList::load_image_list(bool verbose, const ImageSource& image) {
-    std::optional<std::vector<WarmUpName>> carried = load_image_warm_up_list(&image.squashfs->fs);
-    if (!carried) {
-        if (verbose) {
-            print_error(std::string("warm-up: the image's ") + kImageWarmUpListPath +
-                        " is not a warm-up list; ignored");
-        }
-        return;
-    }
-    names_ = std::move(*carried);
-    if (!verbose) return;
-    if (!names_.empty()) {
-        print_error("warm-up: " + std::to_string(names_.size()) + " names from the image's " +
-                    kImageWarmUpListPath + " (none learned yet)");
-    } else if (!path_.empty()) {
-        print_error("warm-up: no list for this image yet (" + path_ +
-                    "; sqbox run --learn-warm-up makes one)");
-    }
-}
-
 void ImageWarmUpList::use_hot_files(const SandboxConfig& config, const ImageSource& image,
-                                    SandboxPlan& plan) const {
+                                    SandboxPlan& plan) {
+    const bool learned = !names_.empty();
+    HotFiles hot;
     try {
-        std::optional<HotFiles> hot = prepare_hot_files(&image.squashfs->fs, image.file.get(),
-                                                        config.warm_up_directory, key_, names_);
-        if (!hot) return;
-        plan.hot_files_tree = hot->tree;
-        if (config.verbose) {
-            print_error("warm-up: " + std::to_string(hot->files) + " files (" +
-                        std::to_string(hot->bytes) + " bytes) " +
-                        (hot->made ? "unpacked in " : "from ") + hot->tree);
-        }
+        hot = prepare_hot_files(&image.squashfs->fs, image.file.get(), config.warm_up_directory,
+                                key_, names_);
     } catch (const Error& e) {
         // A cache never fails a run: the sandbox reads those files from the image instead.
         if (config.verbose) print_error(std::string("warm-up: files not unpacked: ") + e.what());
+        return;
     }
+    if (!learned && !hot.image_names.empty()) {
+        names_ = std::move(hot.image_names);
+        if (config.verbose) {
+            print_error("warm-up: " + std::to_string(names_.size()) + " names from the image's " +
+                        kImageWarmUpListPath + " (none learned yet)");
+        }
+    }
+    if (config.verbose && !hot.failure.empty()) {
+        print_error("warm-up: files not unpacked: " + hot.failure);
+    } else if (config.verbose && hot.tree_fd) {
+        print_error("warm-up: " + std::to_string(hot.files) + " files (" +
+                    std::to_string(hot.bytes) + " bytes) " + (hot.made ? "unpacked in " : "from ") +
+                    hot.tree);
+    }
+    if (!hot.tree_fd) return;
+    tree_fd_ = std::move(hot.tree_fd);
+    plan.hot_files_tree = hot.tree;
+    plan.hot_files_fd = tree_fd_.get();
 }
 
 void ImageWarmUpList::save_learned() {

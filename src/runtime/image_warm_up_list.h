@@ -16,14 +16,15 @@ namespace sqbox {
 
 class ImageWarmUpList {
   public:
-    // Loads the list of `image` (a .sqsh only) from config.warm_up_directory, or the list the
-    // image carries if the caller has learned none, unless config.use_warm_up_list is off. A
-    // list that cannot be read or is not one is ignored: a cache never fails a run (--verbose
-    // says why). With a list (not in a learning run, not under a container's persistent layer),
-    // the files it reads are unpacked into the list directory, once per image file and list
-    // (image/hot_files.h), and plan.hot_files_tree names them. A learning run also gets the
-    // server's record file (plan.learn_fd). Throws Error for a learning run that cannot learn (a
-    // directory image, no directory for lists).
+    // Loads the caller's list of `image` (a .sqsh only) from config.warm_up_directory, unless
+    // config.use_warm_up_list is off. A list that cannot be read or is not one is ignored: a
+    // cache never fails a run (--verbose says why). Except in a learning run or under a
+    // container's persistent layer, it then prepares the image's entry there
+    // (image/hot_files.h): the files of the list unpacked, and while the caller has learned no
+    // list, the image's own list, which is then the one used; plan.hot_files_tree and
+    // plan.hot_files_fd name the unpacked files. A learning run also gets the server's record
+    // file (plan.learn_fd). Throws Error for a learning run that cannot learn (a directory
+    // image, no directory for lists).
     ImageWarmUpList(const SandboxConfig& config, const ImageSource& image, SandboxPlan& plan);
 
     // The names the supervisor looks up ahead of the payload.
@@ -34,20 +35,19 @@ class ImageWarmUpList {
     void save_learned();
 
   private:
-    // The caller's learned list (path_), or the image's own (kImageWarmUpListPath) while there
-    // is none. Either, unreadable or not a list, is only said with --verbose: a cache never
-    // fails a run.
+    // The caller's learned list (path_); unreadable or not a list, it is only said with
+    // --verbose.
     void load_learned_list(bool verbose);
-    void load_image_list(bool verbose, const ImageSource& image);
-    // Unpacks the files the list reads (image/hot_files.h) and puts them in the plan.
-    void use_hot_files(const SandboxConfig& config, const ImageSource& image,
-                       SandboxPlan& plan) const;
+    // The image's entry (image/hot_files.h) into the plan, and the image's own list into names_
+    // while the caller has learned none.
+    void use_hot_files(const SandboxConfig& config, const ImageSource& image, SandboxPlan& plan);
 
     std::string image_;
     std::string key_;
     std::string path_;
     std::vector<WarmUpName> names_;
     UniqueFd records_;
+    UniqueFd tree_fd_;  // plan.hot_files_fd, open until the sandbox is gone
 };
 
 }  // namespace sqbox

@@ -210,6 +210,8 @@ void run_init(const InitContext& context) {
         die_with_supervisor(context.lifeline_fd);
         // The image server's record of a learning run is not the sandbox's business.
         if (plan.learn_fd >= 0) (void)::close(plan.learn_fd);
+        // Nor is the host directory of the image's unpacked files (the supervisor binds it).
+        if (plan.hot_files_fd >= 0) (void)::close(plan.hot_files_fd);
         if (plan.own_user_namespace) enter_own_user_namespace(*plan.own_user_namespace);
         enter_loopback_only_network();
         if (context.image_ready_fd >= 0) {

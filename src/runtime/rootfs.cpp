@@ -332,10 +332,18 @@ void mount_image(const ImageSource& image, int fuse_fd, const IdMapping& ids) {
     attach_mount_at(fs.get(), kImageDir, "image " + image.path);
 }
 
-std::string mount_hot_files(const std::string& tree, bool verbose) {
+std::string mount_hot_files(const std::string& tree, int tree_fd, bool verbose) {
     try {
+        // By path (a mount of the host's namespace cannot be cloned through a descriptor from
+        // there), then checked to be the directory whose stamp the launcher read.
         UniqueFd bound = clone_mount_tree(AT_FDCWD, std::string(kOldRootDir) + tree, false,
                                           "unpacked files " + tree);
+        struct stat checked {};
+        struct stat found {};
+        if (::fstat(tree_fd, &checked) != 0 || ::fstat(bound.get(), &found) != 0 ||
+            checked.st_dev != found.st_dev || checked.st_ino != found.st_ino) {
+            throw Error(tree + " was replaced since it was checked");
+        }
         set_mount_attributes(bound.get(),
                              MountAttr::kReadOnly | MountAttr::kNoSuid | MountAttr::kNoDev, 0,
                              false, "unpacked files " + tree);

@@ -33,10 +33,10 @@ void enter_scratch_root();
 void mount_image(const ImageSource& image, int fuse_fd, const IdMapping& ids);
 
 // Supervisor, once the image server runs: binds the unpacked files at `tree` (a host path) at
-// /hot, read-only, and mounts the image's view at /view. Returns the directory the warm-up
-// should read: /view, or /image if the layer could not be set up (with --verbose, a line says
-// why; the sandbox then runs from the image alone).
-std::string mount_hot_files(const std::string& tree, bool verbose);
+// /hot, read-only, if it is still the directory open at `tree_fd`, and mounts the image's view
+// at /view. Returns the directory the warm-up should read: /view, or /image if the layer could
+// not be set up (with --verbose, a line says why; the sandbox then runs from the image alone).
+std::string mount_hot_files(const std::string& tree, int tree_fd, bool verbose);
 
 struct PreparedRoot {
     UniqueFd root;            // the sandbox's future "/"

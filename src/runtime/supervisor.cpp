@@ -88,7 +88,7 @@ void run_supervisor(const SupervisorContext& context) {
         // forwards them exactly once.
         if (::setpgid(0, 0) != 0) throw system_error("setpgid");
         std::vector<int> keep = {image.file.get(), context.report_fd};
-        for (int fd : {plan.diagnostics_fd, plan.channel_fd, plan.learn_fd}) {
+        for (int fd : {plan.diagnostics_fd, plan.channel_fd, plan.learn_fd, plan.hot_files_fd}) {
             if (fd >= 0) keep.push_back(fd);
         }
         close_fds_except(keep);
@@ -126,9 +126,10 @@ void run_supervisor(const SupervisorContext& context) {
         // The unpacked files go above the image before init builds the sandbox's root on it
         // (it waits for image_ready), and the warm-up reads what the sandbox will read.
         std::string warm_up_root = kImageDir;
-        if (image.kind == ImageSource::Kind::kSquashfs && !plan.hot_files_tree.empty()) {
-            warm_up_root = mount_hot_files(plan.hot_files_tree, config.verbose);
+        if (image.kind == ImageSource::Kind::kSquashfs && plan.hot_files_fd >= 0) {
+            warm_up_root = mount_hot_files(plan.hot_files_tree, plan.hot_files_fd, config.verbose);
         }
+        if (plan.hot_files_fd >= 0) (void)::close(plan.hot_files_fd);
         // Last fork done: from here on this process may have a second thread.
         ImageWarmUp warm_up =
             image.kind == ImageSource::Kind::kSquashfs

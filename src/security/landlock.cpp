@@ -5,7 +5,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "util/errors.h"
 #include "util/unique_fd.h"
@@ -14,12 +16,21 @@ namespace sqbox {
 namespace {
 
 // Debian 12's kernel headers predate most of these; the values are fixed kernel ABI.
+constexpr uint64_t kFsWriteFile = 1ULL << 1;
+constexpr uint64_t kFsReadFile = 1ULL << 2;
+constexpr uint64_t kFsReadDir = 1ULL << 3;
+constexpr uint64_t kFsRemoveDir = 1ULL << 4;
+constexpr uint64_t kFsRemoveFile = 1ULL << 5;
+constexpr uint64_t kFsMakeDir = 1ULL << 7;
+constexpr uint64_t kFsMakeReg = 1ULL << 8;
 constexpr uint64_t kFsMakeChar = 1ULL << 6;
 constexpr uint64_t kFsMakeBlock = 1ULL << 11;
 constexpr uint64_t kFsMakeSym = 1ULL << 12;
 constexpr uint64_t kFsRefer = 1ULL << 13;                 // ABI 2
 constexpr uint64_t kFsTruncate = 1ULL << 14;              // ABI 3
 constexpr uint64_t kFsIoctlDev = 1ULL << 15;              // ABI 5
+constexpr uint64_t kNetBindTcp = 1ULL << 0;               // ABI 4
+constexpr uint64_t kNetConnectTcp = 1ULL << 1;            // ABI 4
 constexpr uint64_t kScopeAbstractUnixSocket = 1ULL << 0;  // ABI 6
 constexpr uint64_t kScopeSignal = 1ULL << 1;              // ABI 6
 constexpr uint32_t kCreateRulesetVersion = 1U << 0;
@@ -53,28 +64,50 @@ int landlock_abi_version() {
     return abi > 0 ? static_cast<int>(abi) : 0;
 }
 
-void apply_landlock(int abi) {
+namespace {
+
+// Restricts the calling process to `allowed` rights beneath `directory_fd`, nothing elsewhere;
+// from ABI 6 on, no signals or abstract-socket connections outside the domain either, and with
+// `no_tcp` (ABI 4 on) no TCP bind or connect at all.
+void restrict_self(int abi, int directory_fd, uint64_t allowed, bool no_tcp, const char* what) {
     RulesetAttr ruleset;
     ruleset.handled_access_fs = handled_fs_rights(abi);
+    if (no_tcp && abi >= 4) ruleset.handled_access_net = kNetBindTcp | kNetConnectTcp;
     // Without this scope the payload could still signal init; init ignores it, but nothing
     // outside the payload's own processes should be reachable at all.
     if (abi >= 6) ruleset.scoped = kScopeAbstractUnixSocket | kScopeSignal;
-    const size_t size = abi >= 6 ? sizeof ruleset : sizeof ruleset.handled_access_fs;
+    size_t size = sizeof ruleset.handled_access_fs;
+    if (abi >= 4) size = offsetof(RulesetAttr, scoped);
+    if (abi >= 6) size = sizeof ruleset;
     UniqueFd ruleset_fd(
         static_cast<int>(::syscall(SYS_landlock_create_ruleset, &ruleset, size, 0U)));
-    if (!ruleset_fd) throw system_error("cannot create the landlock ruleset");
-
-    UniqueFd root(::open("/", O_PATH | O_CLOEXEC | O_DIRECTORY));
-    if (!root) throw system_error("cannot open / for landlock");
+    if (!ruleset_fd) {
+        throw system_error(std::string("cannot create the landlock ruleset for ") + what);
+    }
     PathBeneathAttr beneath;
-    beneath.allowed_access = ruleset.handled_access_fs & ~(kFsMakeChar | kFsMakeBlock);
-    beneath.parent_fd = root.get();
+    beneath.allowed_access = ruleset.handled_access_fs & allowed;
+    beneath.parent_fd = directory_fd;
     if (::syscall(SYS_landlock_add_rule, ruleset_fd.get(), kRulePathBeneath, &beneath, 0U) != 0) {
-        throw system_error("cannot add the landlock rule for /");
+        throw system_error(std::string("cannot add the landlock rule for ") + what);
     }
     if (::syscall(SYS_landlock_restrict_self, ruleset_fd.get(), 0U) != 0) {
-        throw system_error("cannot apply landlock");
+        throw system_error(std::string("cannot apply landlock to ") + what);
     }
+}
+
+}  // namespace
+
+void apply_landlock(int abi) {
+    UniqueFd root(::open("/", O_PATH | O_CLOEXEC | O_DIRECTORY));
+    if (!root) throw system_error("cannot open / for landlock");
+    restrict_self(abi, root.get(), ~(kFsMakeChar | kFsMakeBlock), false, "the payload");
+}
+
+void confine_to_directory(int abi, int directory_fd) {
+    // Directories and regular files only: no devices, FIFOs, sockets or symlinks, no execution.
+    const uint64_t allowed = kFsWriteFile | kFsReadFile | kFsReadDir | kFsRemoveDir |
+                             kFsRemoveFile | kFsMakeDir | kFsMakeReg | kFsTruncate;
+    restrict_self(abi, directory_fd, allowed, true, "the unpacking process");
 }
 
 }  // namespace sqbox

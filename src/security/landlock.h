@@ -14,4 +14,11 @@ int landlock_abi_version();
 // no_new_privs must be set. Throws on failure.
 void apply_landlock(int abi);
 
+// Confines the calling process (and everything it starts) to directories and regular files
+// beneath `directory_fd` (reading, writing, creating, removing; nothing executed), and nothing
+// anywhere else; from ABI 4 on no TCP bind or connect, from ABI 6 on no signals or abstract-socket
+// connections outside the domain. Descriptors already open stay usable. For sqbox's own work on
+// untrusted input (image/hot_files.h). no_new_privs must be set. Throws on failure.
+void confine_to_directory(int abi, int directory_fd);
+
 }  // namespace sqbox

@@ -114,4 +114,16 @@ UniqueFd lock_file(const std::string& path) {
     return fd;
 }
 
+UniqueFd lock_file_within(const std::string& path, int wait_ms) {
+    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+    if (!fd) throw system_error("cannot open " + path);
+    constexpr int kPollMs = 2;
+    for (int waited = 0;; waited += kPollMs) {
+        if (::flock(fd.get(), LOCK_EX | LOCK_NB) == 0) return fd;
+        if (errno != EWOULDBLOCK && errno != EINTR) throw system_error("cannot lock " + path);
+        if (waited >= wait_ms) return UniqueFd();
+        ::usleep(kPollMs * 1000);
+    }
+}
+
 }  // namespace sqbox

@@ -41,4 +41,8 @@ void make_directories(const std::string& path, mode_t mode);
 // the lock goes with the descriptor. Throws Error naming the file.
 UniqueFd lock_file(const std::string& path);
 
+// lock_file, waiting at most `wait_ms` for the lock: an invalid descriptor if it is still held
+// by then. Throws Error naming the file if it cannot be opened.
+UniqueFd lock_file_within(const std::string& path, int wait_ms);
+
 }  // namespace sqbox

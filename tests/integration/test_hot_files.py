@@ -77,7 +77,9 @@ def test_the_python_images_own_list_unpacks_its_start_up_files_once(sqbox, pytho
     assert unpacked(second.stderr) == (files, False, tree), second.stderr
     # Only the tree, its stamp, and the lock beside it: no temporary or old tree left.
     assert sorted(os.listdir(tree.parent.parent)) == [".lock", tree.parent.name]
-    assert sorted(os.listdir(tree.parent)) == ["stamp", "tree"]
+    assert sorted(os.listdir(tree.parent)) == ["image-list", "stamp", "tree"]
+    # The image's list is kept with the entry: later runs read it there, not from the image.
+    assert (tree.parent / "image-list").read_bytes().startswith(b"sqbox-warm-up 1\n")
 
 
 def test_unpacked_files_look_exactly_as_in_the_image(sqbox, python_image, tmp_path):
@@ -158,7 +160,9 @@ def test_learning_runs_and_no_warm_up_runs_unpack_nothing(sqbox, busybox_image, 
         result = sqbox.run(busybox_image, "true", options=options + ["--verbose"], env=env)
         assert result.returncode == 0, result.stderr
         assert unpacked(result.stderr) is None, result.stderr
-        assert not list(path.parent.glob("*.files*"))
+        # The entry the first run made (from the image, which has no list) is left as it was.
+        assert b"\nlist image\n" in (path.parent / (path.name + ".files") / "stamp").read_bytes()
+        assert not list(path.parent.glob("*.files/tree/*"))
 
 
 def test_files_that_must_stay_in_the_image_are_not_unpacked(sqbox, busybox_image, tmp_path):
@@ -210,3 +214,34 @@ def test_a_tree_left_half_made_by_a_killed_run_is_cleared(sqbox, busybox_image, 
     assert (files, made) == (1, True), result.stderr
     assert (tree / "etc" / "passwd").read_text() == result.stdout
     assert sorted(os.listdir(path.parent)) == [".lock", path.name, path.name + ".files"]
+
+
+def test_a_directory_the_image_closes_still_has_its_files_unpacked(sqbox, busybox_image,
+                                                                   tmp_path):
+    """A directory of mode 0000 or 0555 in the image: the files below it are unpacked (it is
+    closed only once they are in), and it keeps the image's mode."""
+    rootfs = tmp_path / "rootfs"
+    subprocess.run(["unsquashfs", "-q", "-n", "-d", str(rootfs), busybox_image], check=True,
+                   stdout=subprocess.DEVNULL, timeout=120)
+    (rootfs / "closed" / "deeper").mkdir(parents=True)
+    (rootfs / "closed" / "deeper" / "file").write_text("below a closed directory\n")
+    (rootfs / "closed" / "deeper").chmod(0o555)
+    image = tmp_path / "closed.sqsh"
+    # The mode given to mksquashfs, which could not read the directory unprivileged otherwise.
+    subprocess.run(["mksquashfs", str(rootfs), str(image), "-all-root", "-noappend", "-quiet",
+                    "-no-progress", "-p", "closed m 0000 0 0"], check=True,
+                   stdout=subprocess.DEVNULL)
+    env = cache_env(tmp_path)
+    path = list_path(sqbox, str(image), env)
+    write_list(path, [("R", "/closed/deeper/file")])
+    # The sandbox's user cannot look inside /closed, with or without the unpacked files.
+    probe = "stat -c %a /closed; cat /closed/deeper/file || echo refused"
+    result = sqbox.run(str(image), "sh", "-c", probe, options=["--verbose"], env=env)
+    plain = sqbox.run(str(image), "sh", "-c", probe, options=["--no-warm-up"], env=env)
+    assert result.returncode == plain.returncode == 0, result.stderr
+    assert result.stdout == plain.stdout == "0\nrefused\n"
+    files, made, tree = unpacked(result.stderr)
+    assert (files, made) == (1, True), result.stderr
+    assert stat.S_IMODE((tree / "closed").stat().st_mode) == 0
+    (tree / "closed").chmod(0o700)  # the caller's own tree: to look inside, and to clean up
+    assert (tree / "closed" / "deeper" / "file").read_text() == "below a closed directory\n"

@@ -5,6 +5,7 @@ it was.
 import ctypes
 import os
 import re
+import resource
 import shutil
 import subprocess
 from pathlib import Path
@@ -279,7 +280,7 @@ def test_a_warm_up_list_does_not_make_the_supervisor_open_host_files(box, busybo
              "/etc/hosts", "/oldroot" + host, host, "/usr/local/sbin/planted-directory",
              "/oldroot" + str(host_sentinel.file.parent), str(host_sentinel.file.parent)]
     path = Path(found.group(1))
-    path.parent.mkdir(parents=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.parent.chmod(0o700)
     for kind in (b"L", b"R", b"D"):  # looked up, read, listed
         path.write_bytes(b"sqbox-warm-up 1\n" + b"".join(kind + name.encode() + b"\0"
@@ -334,8 +335,40 @@ def test_an_images_own_list_unpacks_only_its_files_and_only_into_the_cache(box, 
     assert sorted(str(p.relative_to(cache)) for p in cache.rglob("*")
                   if tree not in p.parents) == sorted(
         ["warm-up", "warm-up/.lock", f"warm-up/{tree.parent.name}",
-         f"warm-up/{tree.parent.name}/stamp", f"warm-up/{tree.parent.name}/tree"])
+         f"warm-up/{tree.parent.name}/image-list", f"warm-up/{tree.parent.name}/stamp",
+         f"warm-up/{tree.parent.name}/tree"])
     assert not watch.touched()
     assert not directory_watch.touched()
     assert sorted(os.listdir(host_sentinel.dir)) == sentinel_before
     assert host_sentinel.file.read_text() == host_sentinel.secret + "\n"
+
+
+def test_an_image_that_lies_about_a_symlinks_size_costs_nothing(box, busybox_rootfs, tmp_path):
+    """Sizes in an image are the image's word. A symlink on the way to the image's own warm-up
+    list that claims 4 GiB of target must not have sqbox allocate that: bounded like the kernel
+    bounds a symlink, the run goes on without a list, under an address-space limit that such an
+    allocation would break (1 GiB)."""
+    rootfs = _rootfs_with(busybox_rootfs, tmp_path / "rootfs")
+    target = b"/sqbox-symlink-size-probe"
+    os.symlink(target.decode(), rootfs / "etc" / "sqbox")
+    image = tmp_path / "lying-symlink.sqsh"
+    # -noI: inodes stored as they are, so the symlink's size field can be found and changed.
+    subprocess.run(["mksquashfs", str(rootfs), str(image), "-all-root", "-noappend", "-quiet",
+                    "-no-progress", "-noI"], check=True, stdout=subprocess.DEVNULL)
+    data = bytearray(image.read_bytes())
+    at = data.find(target)
+    assert at > 4 and data.count(target) == 1
+    assert int.from_bytes(data[at - 4:at], "little") == len(target)
+    data[at - 4:at] = (0xFFFFFFF0).to_bytes(4, "little")
+    image.write_bytes(bytes(data))
+    env = dict(os.environ, SQBOX_CACHE_DIR=str(tmp_path / "cache"))
+
+    def limit_memory():
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    for _ in range(2):
+        # --memory below the limit: unprivileged, it is an address-space limit too.
+        result = box.run(str(image), "echo", "ran", options=["--verbose", "--memory", "512M"],
+                         env=env, preexec_fn=limit_memory)
+        assert (result.returncode, result.stdout) == (0, "ran\n"), result.stderr
+        assert "warm-up: no list for this image yet" in result.stderr

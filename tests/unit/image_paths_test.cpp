@@ -95,5 +95,15 @@ TEST_F(ImagePathsTest, WhatDoesNotResolveInTheImageIsRefused) {
     ::unlink("/tmp/sqbox-image-paths-host-file");
 }
 
+TEST_F(ImagePathsTest, LookupsComeOutOfASharedBudget) {
+    size_t budget = 5;
+    // /relative -> a/b/file: four lookups (relative, a, b, file).
+    EXPECT_TRUE(resolve_image_path(&image_.squashfs->fs, "/relative", &budget));
+    EXPECT_EQ(budget, 1U);
+    EXPECT_FALSE(resolve_image_path(&image_.squashfs->fs, "/a/b/file", &budget));
+    EXPECT_EQ(budget, 0U);
+    EXPECT_FALSE(resolve_image_path(&image_.squashfs->fs, "/a", &budget));
+}
+
 }  // namespace
 }  // namespace sqbox

@@ -1,0 +1,102 @@
+#include "security/confined_work.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <exception>
+
+#include "security/landlock.h"
+#include "util/errors.h"
+#include "util/files.h"
+#include "util/unique_fd.h"
+
+namespace sqbox {
+namespace {
+
+constexpr size_t kMaxReportBytes = size_t{64} << 10;
+
+[[noreturn]] void finish_child(int report_fd, char status, const std::string& text) {
+    const std::string message = status + text.substr(0, kMaxReportBytes);
+    (void)write_all(report_fd, message.data(), message.size());
+    ::_exit(status == 'o' ? 0 : 1);
+}
+
+void confine_child(int directory_fd, const ConfinedLimits& limits) {
+    if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) throw system_error("prctl(PR_SET_PDEATHSIG)");
+    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) throw system_error("prctl(NO_NEW_PRIVS)");
+    // Not ptrace-able or readable through /proc by other processes of the caller's.
+    if (::prctl(PR_SET_DUMPABLE, 0) != 0) throw system_error("prctl(PR_SET_DUMPABLE)");
+    const auto seconds = std::chrono::ceil<std::chrono::seconds>(limits.time_limit).count() + 1;
+    const rlimit memory{limits.address_space_bytes, limits.address_space_bytes};
+    const rlimit cpu{static_cast<rlim_t>(seconds), static_cast<rlim_t>(seconds)};
+    const rlimit none{0, 0};
+    if (::setrlimit(RLIMIT_AS, &memory) != 0 || ::setrlimit(RLIMIT_CPU, &cpu) != 0 ||
+        ::setrlimit(RLIMIT_CORE, &none) != 0) {
+        throw system_error("setrlimit");
+    }
+    if (const int abi = landlock_abi_version(); abi > 0) confine_to_directory(abi, directory_fd);
+}
+
+}  // namespace
+
+std::string run_confined(int directory_fd, const std::function<std::string()>& work,
+                         const ConfinedLimits& limits) {
+    Pipe report = make_pipe("a confined process's report");
+    const pid_t pid = ::fork();
+    if (pid < 0) throw system_error("cannot start a confined process");
+    if (pid == 0) {
+        report.read_end.reset();
+        try {
+            confine_child(directory_fd, limits);
+            finish_child(report.write_end.get(), 'o', work());
+        } catch (const std::exception& e) {
+            finish_child(report.write_end.get(), 'e', e.what());
+        } catch (...) {
+            finish_child(report.write_end.get(), 'e', "unknown failure");
+        }
+    }
+    report.write_end.reset();
+    // The report, until the child closes its end (exits) or the time is up.
+    const auto deadline = std::chrono::steady_clock::now() + limits.time_limit;
+    std::string received;
+    bool timed_out = false;
+    for (;;) {
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(
+                              deadline - std::chrono::steady_clock::now())
+                              .count();
+        if (left <= 0) {
+            timed_out = true;
+            break;
+        }
+        pollfd pfd{report.read_end.get(), POLLIN, 0};
+        const int ready = ::poll(&pfd, 1, static_cast<int>(left));
+        if (ready < 0 && errno != EINTR) break;
+        if (ready <= 0) continue;
+        char buffer[4096];
+        const ssize_t got = ::read(report.read_end.get(), buffer, sizeof buffer);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) break;
+        if (received.size() <= kMaxReportBytes) received.append(buffer, static_cast<size_t>(got));
+    }
+    if (timed_out) (void)::kill(pid, SIGKILL);
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0) {
+        if (errno != EINTR) throw system_error("waitpid");
+    }
+    if (timed_out) {
+        throw Error("took longer than " + std::to_string(limits.time_limit.count()) + " ms");
+    }
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && received.starts_with('o')) {
+        return received.substr(1);
+    }
+    if (received.starts_with('e')) throw Error(received.substr(1));
+    if (WIFSIGNALED(status)) throw Error("died of signal " + std::to_string(WTERMSIG(status)));
+    throw Error("failed (status " + std::to_string(WEXITSTATUS(status)) + ")");
+}
+
+}  // namespace sqbox

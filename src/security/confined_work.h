@@ -1,0 +1,26 @@
+// Running sqbox's own work on untrusted input (an image's directory tables, symlinks and files,
+// read by libsquashfuse) in a child process that could do little harm if the input took control
+// of it: it can touch no file but those beneath one directory (Landlock, where the kernel has
+// it), make no TCP connection, gain no privilege (no_new_privs), use a bounded amount of memory
+// and CPU, and is killed when it runs too long or when its parent dies.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace sqbox {
+
+struct ConfinedLimits {
+    uint64_t address_space_bytes = uint64_t{1} << 30;
+    std::chrono::milliseconds time_limit{10000};
+};
+
+// Runs `work` in a confined child whose writable world is the directory open at `directory_fd`,
+// and returns what `work` returned (its report, at most 64 KiB). Throws Error with the reason if
+// `work` threw (its message), or the child died, ran out of time or could not be confined.
+std::string run_confined(int directory_fd, const std::function<std::string()>& work,
+                         const ConfinedLimits& limits = {});
+
+}  // namespace sqbox

@@ -1,0 +1,108 @@
+// run_confined: the child that reads untrusted images for sqbox reaches only its directory, is
+// bounded in memory and time, and reports what it did or why it failed.
+#include "security/confined_work.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "security/landlock.h"
+#include "util/errors.h"
+#include "util/unique_fd.h"
+
+namespace sqbox {
+namespace {
+
+namespace fs = std::filesystem;
+
+class ConfinedWorkTest : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        char pattern[] = "/tmp/sqbox-confined-XXXXXX";
+        dir_ = ::mkdtemp(pattern);
+        fs::create_directory(dir_ / "inside");
+        std::ofstream(dir_ / "outside.txt") << "outside\n";
+        inside_.reset(::open((dir_ / "inside").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+        ASSERT_TRUE(inside_);
+    }
+    void TearDown() override {
+        if (!dir_.empty()) fs::remove_all(dir_);
+    }
+
+    fs::path dir_;
+    UniqueFd inside_;
+};
+
+TEST_F(ConfinedWorkTest, ReturnsTheReportAndWritesItsDirectory) {
+    const int dir = inside_.get();
+    const std::string report = run_confined(dir, [dir] {
+        UniqueFd file(::openat(dir, "made", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+        if (!file || ::write(file.get(), "x", 1) != 1) throw system_error("made");
+        return std::string("done");
+    });
+    EXPECT_EQ(report, "done");
+    EXPECT_TRUE(fs::is_regular_file(dir_ / "inside" / "made"));
+}
+
+TEST_F(ConfinedWorkTest, AnErrorOfTheWorkIsThrownWithItsMessage) {
+    try {
+        (void)run_confined(inside_.get(), []() -> std::string { throw Error("bad image"); });
+        FAIL() << "no error";
+    } catch (const Error& e) {
+        EXPECT_STREQ(e.what(), "bad image");
+    }
+}
+
+TEST_F(ConfinedWorkTest, ReachesNoFileOutsideItsDirectory) {
+    if (landlock_abi_version() == 0) GTEST_SKIP() << "Landlock is not available on this kernel";
+    const std::string outside = (dir_ / "outside.txt").string();
+    const std::string elsewhere = (dir_ / "created-outside").string();
+    const std::string report = run_confined(inside_.get(), [&] {
+        std::string seen;
+        seen += ::open(outside.c_str(), O_RDONLY | O_CLOEXEC) < 0 && errno == EACCES ? "r" : "R";
+        seen += ::open("/etc/passwd", O_RDONLY | O_CLOEXEC) < 0 && errno == EACCES ? "r" : "R";
+        seen += ::open(elsewhere.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600) < 0 ? "w" : "W";
+        seen += ::mkdir(elsewhere.c_str(), 0700) != 0 ? "d" : "D";
+        return seen;
+    });
+    EXPECT_EQ(report, "rrwd");
+    EXPECT_FALSE(fs::exists(elsewhere));
+}
+
+TEST_F(ConfinedWorkTest, MemoryAndTimeAreBounded) {
+    ConfinedLimits limits;
+    limits.address_space_bytes = uint64_t{256} << 20;
+    limits.time_limit = std::chrono::milliseconds(300);
+    EXPECT_THROW((void)run_confined(
+                     inside_.get(),
+                     [] {
+                         std::vector<char> huge(size_t{1} << 30, 'x');  // 1 GiB
+                         return std::string(1, huge[12345]);
+                     },
+                     limits),
+                 Error);
+    try {
+        (void)run_confined(
+            inside_.get(),
+            [] {
+                std::this_thread::sleep_for(std::chrono::seconds(30));
+                return std::string("woke");
+            },
+            limits);
+        FAIL() << "no error";
+    } catch (const Error& e) {
+        // Killed at the limit, not waited for.
+        EXPECT_NE(std::strstr(e.what(), "took longer than 300 ms"), nullptr) << e.what();
+    }
+}
+
+}  // namespace
+}  // namespace sqbox
