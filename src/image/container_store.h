@@ -66,8 +66,4 @@ class ContainerLock {
     UniqueFd fd_;
 };
 
-// Deletes a directory tree, making directories writable first where needed (overlay's work
-// directories are left mode 000). Does not follow symlinks or cross into other mounts.
-void remove_tree(const std::string& path);
-
 }  // namespace sqbox

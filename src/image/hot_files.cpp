@@ -13,11 +13,11 @@
 #include <utility>
 #include <vector>
 
-#include "image/container_store.h"
 #include "image/image_paths.h"
 #include "image/warm_up_store.h"
 #include "security/confined_work.h"
 #include "util/errors.h"
+#include "util/file_tree.h"
 #include "util/files.h"
 #include "util/stable_hash.h"
 
