@@ -327,7 +327,9 @@ HotFiles prepare_hot_files(sqfs* fs, int image_fd, const std::string& directory,
     try {
         const int made_fd = made.get();
         status = "unpacked " +
-                 run_confined(made_fd, [&] { return unpack(fs, made_fd, learned, limits); }) + "\n";
+                 run_confined(made_fd, {image_fd},
+                              [&] { return unpack(fs, made_fd, learned, limits); }) +
+                 "\n";
     } catch (const Error& e) {
         // Recorded, so that later runs do not try again until the image or the list changes.
         std::string why = e.what();

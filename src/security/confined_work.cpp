@@ -1,14 +1,20 @@
 #include "security/confined_work.h"
 
+#include <fcntl.h>
 #include <poll.h>
+#include <seccomp.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <exception>
+#include <memory>
 
 #include "security/landlock.h"
 #include "util/errors.h"
@@ -26,6 +32,54 @@ constexpr size_t kMaxReportBytes = size_t{64} << 10;
     ::_exit(status == 'o' ? 0 : 1);
 }
 
+// The system calls of reading an image and writing files below a directory, and of the C++
+// runtime doing so (memory, aborting).
+constexpr const char* kAllowedSyscalls[] = {
+    "read",           "pread64",      "write",   "openat",   "close",  "dup",     "fstat",
+    "newfstatat",     "lseek",        "mkdirat", "unlinkat", "fchmod", "fchown",  "utimensat",
+    "getegid",        "mmap",         "munmap",  "mremap",   "brk",    "madvise", "futex",
+    "rt_sigprocmask", "rt_sigreturn", "getpid",  "gettid",   "tgkill", "exit",    "exit_group",
+};
+
+void install_syscall_filter() {
+    std::unique_ptr<void, void (*)(scmp_filter_ctx)> filter(::seccomp_init(SCMP_ACT_ERRNO(EPERM)),
+                                                            ::seccomp_release);
+    if (!filter) throw Error("seccomp_init failed");
+    for (const char* name : kAllowedSyscalls) {
+        const int number = ::seccomp_syscall_resolve_name(name);
+        if (number == __NR_SCMP_ERROR) continue;  // not a system call of this architecture
+        if (const int err = ::seccomp_rule_add(filter.get(), SCMP_ACT_ALLOW, number, 0); err < 0) {
+            throw Error(std::string("seccomp_rule_add(") + name + "): " + std::strerror(-err));
+        }
+    }
+    if (const int err = ::seccomp_load(filter.get()); err < 0) {
+        throw Error(std::string("seccomp_load: ") + std::strerror(-err));
+    }
+}
+
+// Stdio to /dev/null, out of the caller's session (no terminal to inject into), every other
+// descriptor closed but `keep`.
+void isolate_descriptors(std::vector<int> keep) {
+    if (::setsid() < 0) throw system_error("setsid");
+    UniqueFd null(::open("/dev/null", O_RDWR | O_CLOEXEC));
+    if (!null) throw system_error("cannot open /dev/null");
+    for (int fd = 0; fd < 3; ++fd) {
+        if (::dup2(null.get(), fd) < 0) throw system_error("dup2");
+    }
+    keep.push_back(null.get());  // closed with its object below
+    std::sort(keep.begin(), keep.end());
+    unsigned first = 3;
+    for (int fd : keep) {
+        if (fd < 3) continue;
+        if (static_cast<unsigned>(fd) > first &&
+            ::syscall(SYS_close_range, first, static_cast<unsigned>(fd) - 1, 0U) != 0) {
+            throw system_error("close_range");
+        }
+        first = static_cast<unsigned>(fd) + 1;
+    }
+    if (::syscall(SYS_close_range, first, ~0U, 0U) != 0) throw system_error("close_range");
+}
+
 void confine_child(int directory_fd, const ConfinedLimits& limits) {
     if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) throw system_error("prctl(PR_SET_PDEATHSIG)");
     if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) throw system_error("prctl(NO_NEW_PRIVS)");
@@ -40,18 +94,23 @@ void confine_child(int directory_fd, const ConfinedLimits& limits) {
         throw system_error("setrlimit");
     }
     if (const int abi = landlock_abi_version(); abi > 0) confine_to_directory(abi, directory_fd);
+    install_syscall_filter();
 }
 
 }  // namespace
 
-std::string run_confined(int directory_fd, const std::function<std::string()>& work,
-                         const ConfinedLimits& limits) {
+std::string run_confined(int directory_fd, const std::vector<int>& keep_fds,
+                         const std::function<std::string()>& work, const ConfinedLimits& limits) {
     Pipe report = make_pipe("a confined process's report");
     const pid_t pid = ::fork();
     if (pid < 0) throw system_error("cannot start a confined process");
     if (pid == 0) {
         report.read_end.reset();
         try {
+            std::vector<int> keep = keep_fds;
+            keep.push_back(directory_fd);
+            keep.push_back(report.write_end.get());
+            isolate_descriptors(std::move(keep));
             confine_child(directory_fd, limits);
             finish_child(report.write_end.get(), 'o', work());
         } catch (const std::exception& e) {

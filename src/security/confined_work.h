@@ -1,14 +1,17 @@
 // Running sqbox's own work on untrusted input (an image's directory tables, symlinks and files,
 // read by libsquashfuse) in a child process that could do little harm if the input took control
 // of it: it can touch no file but those beneath one directory (Landlock, where the kernel has
-// it), make no TCP connection, gain no privilege (no_new_privs), use a bounded amount of memory
-// and CPU, and is killed when it runs too long or when its parent dies.
+// it), make no TCP connection nor any other system call but those of working with files
+// (seccomp), reach no terminal or other descriptor of its parent's, gain no privilege
+// (no_new_privs), use a bounded amount of memory and CPU, and is killed when it runs too long or
+// when its parent dies.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace sqbox {
 
@@ -18,9 +21,13 @@ struct ConfinedLimits {
 };
 
 // Runs `work` in a confined child whose writable world is the directory open at `directory_fd`,
-// and returns what `work` returned (its report, at most 64 KiB). Throws Error with the reason if
-// `work` threw (its message), or the child died, ran out of time or could not be confined.
-std::string run_confined(int directory_fd, const std::function<std::string()>& work,
+// and returns what `work` returned (its report, at most 64 KiB). The child keeps no descriptor
+// but `directory_fd` and `keep_fds` (its stdin, stdout and stderr are /dev/null, in a session
+// of its own, without a terminal), and may make only the system calls of reading and writing
+// files (seccomp; anything else fails with EPERM). Throws Error with the reason if `work` threw
+// (its message), or the child died, ran out of time or could not be confined.
+std::string run_confined(int directory_fd, const std::vector<int>& keep_fds,
+                         const std::function<std::string()>& work,
                          const ConfinedLimits& limits = {});
 
 }  // namespace sqbox

@@ -4,14 +4,18 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "security/landlock.h"
@@ -43,7 +47,7 @@ class ConfinedWorkTest : public ::testing::Test {
 
 TEST_F(ConfinedWorkTest, ReturnsTheReportAndWritesItsDirectory) {
     const int dir = inside_.get();
-    const std::string report = run_confined(dir, [dir] {
+    const std::string report = run_confined(dir, {}, [dir] {
         UniqueFd file(::openat(dir, "made", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
         if (!file || ::write(file.get(), "x", 1) != 1) throw system_error("made");
         return std::string("done");
@@ -54,7 +58,7 @@ TEST_F(ConfinedWorkTest, ReturnsTheReportAndWritesItsDirectory) {
 
 TEST_F(ConfinedWorkTest, AnErrorOfTheWorkIsThrownWithItsMessage) {
     try {
-        (void)run_confined(inside_.get(), []() -> std::string { throw Error("bad image"); });
+        (void)run_confined(inside_.get(), {}, []() -> std::string { throw Error("bad image"); });
         FAIL() << "no error";
     } catch (const Error& e) {
         EXPECT_STREQ(e.what(), "bad image");
@@ -65,7 +69,7 @@ TEST_F(ConfinedWorkTest, ReachesNoFileOutsideItsDirectory) {
     if (landlock_abi_version() == 0) GTEST_SKIP() << "Landlock is not available on this kernel";
     const std::string outside = (dir_ / "outside.txt").string();
     const std::string elsewhere = (dir_ / "created-outside").string();
-    const std::string report = run_confined(inside_.get(), [&] {
+    const std::string report = run_confined(inside_.get(), {}, [&] {
         std::string seen;
         seen += ::open(outside.c_str(), O_RDONLY | O_CLOEXEC) < 0 && errno == EACCES ? "r" : "R";
         seen += ::open("/etc/passwd", O_RDONLY | O_CLOEXEC) < 0 && errno == EACCES ? "r" : "R";
@@ -77,12 +81,35 @@ TEST_F(ConfinedWorkTest, ReachesNoFileOutsideItsDirectory) {
     EXPECT_FALSE(fs::exists(elsewhere));
 }
 
+TEST_F(ConfinedWorkTest, KeepsNoDescriptorTerminalOrOtherSystemCall) {
+    UniqueFd leaked(::open((dir_ / "outside.txt").c_str(), O_RDONLY));  // not close-on-exec
+    UniqueFd kept(::open((dir_ / "outside.txt").c_str(), O_RDONLY | O_CLOEXEC));
+    ASSERT_TRUE(leaked && kept);
+    const int leaked_fd = leaked.get();
+    const int kept_fd = kept.get();
+    const std::string report = run_confined(inside_.get(), {kept_fd}, [=] {
+        std::string seen;
+        seen += ::dup(leaked_fd) < 0 && errno == EBADF ? "l" : "L";  // closed
+        const int copy = ::dup(kept_fd);
+        seen += copy >= 0 ? "k" : "K";  // kept
+        struct stat in {};
+        seen += ::fstat(0, &in) == 0 && S_ISCHR(in.st_mode) && in.st_rdev == makedev(1, 3)
+                    ? "n"
+                    : "N";  // stdin is /dev/null
+        seen += ::socket(AF_INET, SOCK_STREAM, 0) < 0 && errno == EPERM ? "s" : "S";
+        seen += ::kill(::getppid(), 0) != 0 ? "p" : "P";
+        seen += ::ioctl(1, TIOCSTI, "x") != 0 ? "t" : "T";
+        return seen;
+    });
+    EXPECT_EQ(report, "lknspt");
+}
+
 TEST_F(ConfinedWorkTest, MemoryAndTimeAreBounded) {
     ConfinedLimits limits;
     limits.address_space_bytes = uint64_t{256} << 20;
     limits.time_limit = std::chrono::milliseconds(300);
     EXPECT_THROW((void)run_confined(
-                     inside_.get(),
+                     inside_.get(), {},
                      [] {
                          std::vector<char> huge(size_t{1} << 30, 'x');  // 1 GiB
                          return std::string(1, huge[12345]);
@@ -91,10 +118,14 @@ TEST_F(ConfinedWorkTest, MemoryAndTimeAreBounded) {
                  Error);
     try {
         (void)run_confined(
-            inside_.get(),
+            inside_.get(), {},
             [] {
-                std::this_thread::sleep_for(std::chrono::seconds(30));
-                return std::string("woke");
+                // A runaway parser: busy, never done.
+                volatile uint64_t spins = 0;
+                for (;;) {
+                    spins = spins + 1;
+                }
+                return std::string("done");
             },
             limits);
         FAIL() << "no error";
