@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -261,6 +262,88 @@ std::string unpack(sqfs* fs, int entry_fd, const std::vector<WarmUpName>& learne
     return std::to_string(builder.files()) + " " + std::to_string(builder.bytes());
 }
 
+// No extended attributes: overlayfs would read user.overlay.* ones on a lower layer (an opaque
+// directory or a whiteout hides the image's files).
+void check_no_xattrs(const std::string& path) {
+    const ssize_t size = ::llistxattr(path.c_str(), nullptr, 0);
+    if (size > 0 || (size < 0 && errno != ENOTSUP)) {
+        throw Error(path + " has extended attributes");
+    }
+}
+
+}  // namespace
+
+HotFilesCounts check_made_entry(const std::string& entry, bool image_list,
+                                const HotFilesLimits& limits) {
+    std::unique_ptr<DIR, int (*)(DIR*)> top(::opendir(entry.c_str()), ::closedir);
+    if (!top) throw system_error("cannot list " + entry);
+    bool has_tree = false;
+    while (const dirent* item = ::readdir(top.get())) {
+        const std::string name = item->d_name;
+        if (name == "." || name == "..") continue;
+        struct stat st {};
+        if (::lstat((entry + "/" + name).c_str(), &st) != 0) throw system_error("stat " + name);
+        if (name == "tree" && S_ISDIR(st.st_mode)) {
+            has_tree = true;
+        } else if (!(name == "image-list" && image_list && S_ISREG(st.st_mode) &&
+                     st.st_nlink == 1 && static_cast<size_t>(st.st_size) <= kMaxImageListBytes)) {
+            throw Error("unexpected " + name + " in " + entry);
+        }
+    }
+    if (!has_tree) throw Error("no tree in " + entry);
+    const std::string tree = entry + "/tree";
+    HotFilesCounts counts;
+    size_t entries = 0;
+    std::vector<std::string> pending = {""};  // directories to list, relative to the tree
+    std::vector<std::pair<std::string, mode_t>> opened;  // closed directories opened, in order
+    while (!pending.empty()) {
+        const std::string relative = std::move(pending.back());
+        pending.pop_back();
+        const std::string path = relative.empty() ? tree : tree + "/" + relative;
+        struct stat directory {};
+        if (::lstat(path.c_str(), &directory) != 0) throw system_error("stat " + path);
+        check_no_xattrs(path);
+        if ((directory.st_mode & 0700) != 0700) {
+            if (::chmod(path.c_str(), (directory.st_mode & 07777) | 0700) != 0) {
+                throw system_error("cannot open " + path);
+            }
+            opened.emplace_back(path, directory.st_mode & 07777);
+        }
+        std::unique_ptr<DIR, int (*)(DIR*)> listing(::opendir(path.c_str()), ::closedir);
+        if (!listing) throw system_error("cannot list " + path);
+        while (const dirent* item = ::readdir(listing.get())) {
+            const std::string name = item->d_name;
+            if (name == "." || name == "..") continue;
+            if (++entries > limits.entries) throw Error("too many entries in " + tree);
+            const std::string child = relative.empty() ? name : relative + "/" + name;
+            if (child.size() >= 4096) throw Error("too long a path in " + tree);
+            const std::string child_path = tree + "/" + child;
+            struct stat st {};
+            if (::lstat(child_path.c_str(), &st) != 0) throw system_error("stat " + child_path);
+            if (S_ISDIR(st.st_mode)) {
+                pending.push_back(child);
+                continue;
+            }
+            const auto size = static_cast<uint64_t>(st.st_size);
+            if (!S_ISREG(st.st_mode) || st.st_nlink != 1 ||
+                (st.st_mode & (S_ISUID | S_ISGID)) != 0 || size > limits.file_bytes ||
+                counts.bytes + size > limits.total_bytes) {
+                throw Error(child_path + " is not a file sqbox unpacks");
+            }
+            check_no_xattrs(child_path);
+            ++counts.files;
+            counts.bytes += size;
+        }
+    }
+    // Deepest first, as they were made.
+    for (auto it = opened.rbegin(); it != opened.rend(); ++it) {
+        if (::chmod(it->first.c_str(), it->second) != 0) throw system_error("chmod " + it->first);
+    }
+    return counts;
+}
+
+namespace {
+
 UniqueFd make_empty_directory(const std::string& path) {
     remove_tree(path);
     if (::mkdir(path.c_str(), 0700) != 0) throw system_error("cannot create " + path);
@@ -326,10 +409,13 @@ HotFiles prepare_hot_files(sqfs* fs, int image_fd, const std::string& directory,
     std::string status;
     try {
         const int made_fd = made.get();
-        status = "unpacked " +
-                 run_confined(made_fd, {image_fd},
-                              [&] { return unpack(fs, made_fd, learned, limits); }) +
-                 "\n";
+        ConfinedLimits confined;
+        confined.file_size_bytes = std::max<uint64_t>(limits.file_bytes, kMaxImageListBytes);
+        (void)run_confined(
+            made_fd, {image_fd}, [&] { return unpack(fs, made_fd, learned, limits); }, confined);
+        const HotFilesCounts counts = check_made_entry(temporary, image_list, limits);
+        status =
+            "unpacked " + std::to_string(counts.files) + " " + std::to_string(counts.bytes) + "\n";
     } catch (const Error& e) {
         // Recorded, so that later runs do not try again until the image or the list changes.
         std::string why = e.what();

@@ -66,6 +66,21 @@ struct HotFiles {
     std::string failure;  // why the entry could not be made ("" if it could)
 };
 
+struct HotFilesCounts {
+    size_t files = 0;
+    uint64_t bytes = 0;
+};
+
+// What prepare_hot_files does with the entry directory the confined child made, before it
+// stamps it: an image that took the child over could have made anything its Landlock rules
+// allow, so nothing it reports is believed. Only `tree` (and, with `image_list`, `image-list`
+// of a list's size at most) may be there; in the tree only directories and regular files of link
+// count 1, neither setuid nor setgid, without extended attributes (overlayfs would act on
+// user.overlay.* ones), within `limits`. Returns what the tree holds; throws Error saying what is
+// wrong. Directories the image closes are opened for the walk and closed again.
+HotFilesCounts check_made_entry(const std::string& entry, bool image_list,
+                                const HotFilesLimits& limits);
+
 // The entry for the image open at `image_fd` (`fs`), whose list is named `key`, in the private
 // list directory `directory`: the files of `learned` unpacked or, with `learned` empty, those of
 // the image's own list, together with that list. Made first if missing or out of date. Throws

@@ -16,6 +16,7 @@
 #include <exception>
 #include <memory>
 
+#include "runtime/capabilities.h"
 #include "security/landlock.h"
 #include "util/errors.h"
 #include "util/files.h"
@@ -35,10 +36,10 @@ constexpr size_t kMaxReportBytes = size_t{64} << 10;
 // The system calls of reading an image and writing files below a directory, and of the C++
 // runtime doing so (memory, aborting).
 constexpr const char* kAllowedSyscalls[] = {
-    "read",           "pread64",      "write",   "openat",   "close",  "dup",     "fstat",
-    "newfstatat",     "lseek",        "mkdirat", "unlinkat", "fchmod", "fchown",  "utimensat",
-    "getegid",        "mmap",         "munmap",  "mremap",   "brk",    "madvise", "futex",
-    "rt_sigprocmask", "rt_sigreturn", "getpid",  "gettid",   "tgkill", "exit",    "exit_group",
+    "read",           "pread64",      "write",   "openat",   "close",  "dup",        "fstat",
+    "newfstatat",     "lseek",        "mkdirat", "unlinkat", "fchmod", "fchown",     "utimensat",
+    "getegid",        "mmap",         "munmap",  "mremap",   "brk",    "madvise",    "futex",
+    "rt_sigprocmask", "rt_sigreturn", "getpid",  "gettid",   "exit",   "exit_group",
 };
 
 void install_syscall_filter() {
@@ -51,6 +52,12 @@ void install_syscall_filter() {
         if (const int err = ::seccomp_rule_add(filter.get(), SCMP_ACT_ALLOW, number, 0); err < 0) {
             throw Error(std::string("seccomp_rule_add(") + name + "): " + std::strerror(-err));
         }
+    }
+    // Signals to itself only (abort() raises SIGABRT with tgkill).
+    if (const int err = ::seccomp_rule_add(filter.get(), SCMP_ACT_ALLOW, SCMP_SYS(tgkill), 1,
+                                           SCMP_A0(SCMP_CMP_EQ, static_cast<uint64_t>(::getpid())));
+        err < 0) {
+        throw Error(std::string("seccomp_rule_add(tgkill): ") + std::strerror(-err));
     }
     if (const int err = ::seccomp_load(filter.get()); err < 0) {
         throw Error(std::string("seccomp_load: ") + std::strerror(-err));
@@ -87,13 +94,16 @@ void confine_child(int directory_fd, const ConfinedLimits& limits) {
     if (::prctl(PR_SET_DUMPABLE, 0) != 0) throw system_error("prctl(PR_SET_DUMPABLE)");
     const auto seconds = std::chrono::ceil<std::chrono::seconds>(limits.time_limit).count() + 1;
     const rlimit memory{limits.address_space_bytes, limits.address_space_bytes};
+    const rlimit file_size{limits.file_size_bytes, limits.file_size_bytes};
     const rlimit cpu{static_cast<rlim_t>(seconds), static_cast<rlim_t>(seconds)};
     const rlimit none{0, 0};
-    if (::setrlimit(RLIMIT_AS, &memory) != 0 || ::setrlimit(RLIMIT_CPU, &cpu) != 0 ||
-        ::setrlimit(RLIMIT_CORE, &none) != 0) {
+    if (::setrlimit(RLIMIT_AS, &memory) != 0 || ::setrlimit(RLIMIT_FSIZE, &file_size) != 0 ||
+        ::setrlimit(RLIMIT_CPU, &cpu) != 0 || ::setrlimit(RLIMIT_CORE, &none) != 0) {
         throw system_error("setrlimit");
     }
-    if (const int abi = landlock_abi_version(); abi > 0) confine_to_directory(abi, directory_fd);
+    // A root caller's child would keep every capability: Landlock leaves them alone.
+    if (::geteuid() == 0) drop_all_privileges();
+    confine_to_directory(landlock_abi_version(), directory_fd);
     install_syscall_filter();
 }
 
@@ -101,6 +111,8 @@ void confine_child(int directory_fd, const ConfinedLimits& limits) {
 
 std::string run_confined(int directory_fd, const std::vector<int>& keep_fds,
                          const std::function<std::string()>& work, const ConfinedLimits& limits) {
+    // Without Landlock the child could open any file of the caller's: nothing runs then.
+    if (landlock_abi_version() == 0) throw Error("Landlock is not available");
     Pipe report = make_pipe("a confined process's report");
     const pid_t pid = ::fork();
     if (pid < 0) throw system_error("cannot start a confined process");

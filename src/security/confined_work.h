@@ -17,15 +17,18 @@ namespace sqbox {
 
 struct ConfinedLimits {
     uint64_t address_space_bytes = uint64_t{1} << 30;
+    uint64_t file_size_bytes = uint64_t{64} << 20;  // RLIMIT_FSIZE: the largest file it may write
     std::chrono::milliseconds time_limit{10000};
 };
 
 // Runs `work` in a confined child whose writable world is the directory open at `directory_fd`,
 // and returns what `work` returned (its report, at most 64 KiB). The child keeps no descriptor
 // but `directory_fd` and `keep_fds` (its stdin, stdout and stderr are /dev/null, in a session
-// of its own, without a terminal), and may make only the system calls of reading and writing
-// files (seccomp; anything else fails with EPERM). Throws Error with the reason if `work` threw
-// (its message), or the child died, ran out of time or could not be confined.
+// of its own, without a terminal), holds no capability (a root caller's child drops them all),
+// and may make only the system calls of reading and writing files (seccomp; anything else, a
+// new process included, fails with EPERM). Throws Error with the reason if `work` threw (its
+// message), or the child died, ran out of time or could not be confined; without Landlock
+// (kernels before 5.13, or disabled) it runs nothing and throws.
 std::string run_confined(int directory_fd, const std::vector<int>& keep_fds,
                          const std::function<std::string()>& work,
                          const ConfinedLimits& limits = {});

@@ -7,7 +7,7 @@
 
 #include <cerrno>
 #include <memory>
-#include <optional>
+#include <string>
 #include <vector>
 
 #include "util/errors.h"
@@ -17,7 +17,7 @@ namespace sqbox {
 namespace {
 
 // Opens directory `name` below `parent` for reading, making it accessible first where needed
-// (overlayfs leaves its work directory at mode 000).
+// (overlayfs leaves its work directory at mode 000). Invalid if it is gone already.
 UniqueFd open_subdirectory(int parent, const std::string& name, const std::string& what) {
     UniqueFd fd(::openat(parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (!fd && errno == EACCES) {
@@ -26,6 +26,7 @@ UniqueFd open_subdirectory(int parent, const std::string& name, const std::strin
         }
         fd.reset(::openat(parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     }
+    if (!fd && errno == ENOENT) return fd;
     if (!fd) throw system_error("cannot open " + what);
     struct stat st {};
     if (::fstat(fd.get(), &st) != 0) throw system_error("cannot stat " + what);
@@ -35,17 +36,17 @@ UniqueFd open_subdirectory(int parent, const std::string& name, const std::strin
     return fd;
 }
 
-// Unlinks every non-directory entry of `dir` and returns the name of one subdirectory still in
-// it (nullopt when it is empty). Refuses to go into another mount.
-std::optional<std::string> clear_files(int dir, dev_t device, const std::string& what) {
+// Unlinks every non-directory entry of `dir`, in one listing, and returns the names of its
+// subdirectories. Refuses to go into another mount.
+std::vector<std::string> clear_files(int dir, dev_t device, const std::string& what) {
     UniqueFd listing(::openat(dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     if (!listing) throw system_error("cannot list " + what);
     std::unique_ptr<DIR, int (*)(DIR*)> stream(::fdopendir(listing.get()), ::closedir);
     if (!stream) throw system_error("cannot list " + what);
     (void)listing.release();
-    std::optional<std::string> subdirectory;
+    std::vector<std::string> subdirectories;
     while (dirent* entry = ::readdir(stream.get())) {
-        const std::string name = entry->d_name;
+        std::string name = entry->d_name;
         if (name == "." || name == "..") continue;
         struct stat st {};
         if (::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
@@ -56,19 +57,21 @@ std::optional<std::string> clear_files(int dir, dev_t device, const std::string&
             if (st.st_dev != device) {
                 throw Error("cannot remove " + what + "/" + name + ": it is a mount point");
             }
-            if (!subdirectory) subdirectory = name;
+            subdirectories.push_back(std::move(name));
         } else if (::unlinkat(dir, name.c_str(), 0) != 0 && errno != ENOENT) {
             throw system_error("cannot remove " + what + "/" + name);
         }
     }
-    return subdirectory;
+    return subdirectories;
 }
 
 }  // namespace
 
 // Iterative, with two descriptors at most whatever the depth: a layer is the payload's work,
-// and a tree thousands of levels deep must not exhaust descriptors or the stack. Going back up
-// re-opens ".." and checks it is the directory we came from.
+// and a tree thousands of levels deep must not exhaust descriptors or the stack. Each directory
+// is listed once (its subdirectories' names are kept until they are gone), so the work grows
+// with the size of the tree, however many siblings a directory has. Going back up re-opens ".."
+// and checks it is the directory we came from.
 void remove_tree(const std::string& path) {
     UniqueFd top(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (!top && errno == EACCES && ::chmod(path.c_str(), 0700) == 0) {
@@ -84,31 +87,35 @@ void remove_tree(const std::string& path) {
         throw system_error("cannot make " + path + " writable");
     }
     struct Level {
-        std::string name;  // of the directory below this level's parent
+        std::string name;  // of this directory in its parent
         ino_t parent_inode;
+        std::vector<std::string> subdirectories;  // still to remove
     };
     std::vector<Level> levels;
+    levels.push_back({"", 0, clear_files(top.get(), top_stat.st_dev, path)});
     UniqueFd current = std::move(top);
     for (;;) {
-        std::optional<std::string> next = clear_files(current.get(), top_stat.st_dev, path);
-        if (next) {
+        Level& level = levels.back();
+        if (!level.subdirectories.empty()) {
+            const std::string next = std::move(level.subdirectories.back());
+            level.subdirectories.pop_back();
             struct stat here {};
             if (::fstat(current.get(), &here) != 0) throw system_error("cannot stat in " + path);
-            UniqueFd child = open_subdirectory(current.get(), *next, path + "/.../" + *next);
-            levels.push_back({*next, here.st_ino});
+            UniqueFd child = open_subdirectory(current.get(), next, path + "/.../" + next);
+            if (!child) continue;  // gone already
+            std::vector<std::string> below = clear_files(child.get(), top_stat.st_dev, path);
+            levels.push_back({next, here.st_ino, std::move(below)});
             current = std::move(child);
             continue;
         }
-        if (levels.empty()) break;
+        if (levels.size() == 1) break;
         UniqueFd parent(::openat(current.get(), "..", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
         struct stat parent_stat {};
         if (!parent || ::fstat(parent.get(), &parent_stat) != 0 ||
-            parent_stat.st_ino != levels.back().parent_inode ||
-            parent_stat.st_dev != top_stat.st_dev) {
+            parent_stat.st_ino != level.parent_inode || parent_stat.st_dev != top_stat.st_dev) {
             throw Error("cannot remove " + path + ": the tree changed while it was being removed");
         }
-        if (::unlinkat(parent.get(), levels.back().name.c_str(), AT_REMOVEDIR) != 0 &&
-            errno != ENOENT) {
+        if (::unlinkat(parent.get(), level.name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
             throw system_error("cannot remove a directory in " + path);
         }
         levels.pop_back();

@@ -87,7 +87,8 @@ TEST_F(ConfinedWorkTest, KeepsNoDescriptorTerminalOrOtherSystemCall) {
     ASSERT_TRUE(leaked && kept);
     const int leaked_fd = leaked.get();
     const int kept_fd = kept.get();
-    const std::string report = run_confined(inside_.get(), {kept_fd}, [=] {
+    const int dir = inside_.get();
+    const std::string report = run_confined(dir, {kept_fd}, [=] {
         std::string seen;
         seen += ::dup(leaked_fd) < 0 && errno == EBADF ? "l" : "L";  // closed
         const int copy = ::dup(kept_fd);
@@ -99,9 +100,13 @@ TEST_F(ConfinedWorkTest, KeepsNoDescriptorTerminalOrOtherSystemCall) {
         seen += ::socket(AF_INET, SOCK_STREAM, 0) < 0 && errno == EPERM ? "s" : "S";
         seen += ::kill(::getppid(), 0) != 0 ? "p" : "P";
         seen += ::ioctl(1, TIOCSTI, "x") != 0 ? "t" : "T";
+        seen += ::fork() < 0 ? "f" : "F";  // no process it could leave behind
+        // No capability, even for a root caller: a file of its own cannot be given away.
+        UniqueFd made(::openat(dir, "mine", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+        seen += made && ::fchown(made.get(), 12345, static_cast<gid_t>(-1)) != 0 ? "c" : "C";
         return seen;
     });
-    EXPECT_EQ(report, "lknspt");
+    EXPECT_EQ(report, "lknsptfc");
 }
 
 TEST_F(ConfinedWorkTest, MemoryAndTimeAreBounded) {
