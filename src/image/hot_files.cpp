@@ -180,8 +180,9 @@ class TreeBuilder {
   private:
     // The directory that holds the last step, made (0700 until finish()) where missing.
     UniqueFd open_parents(const std::vector<ImagePathStep>& steps) {
-        UniqueFd current(::dup(tree_fd_));
-        if (!current) throw system_error("dup");
+        // Not dup(): the confined child may not duplicate descriptors (security/confined_work.h).
+        UniqueFd current(::openat(tree_fd_, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+        if (!current) throw system_error("cannot open the tree");
         std::string path;  // relative to the tree
         for (size_t i = 0; i + 1 < steps.size(); ++i) {
             const std::string& name = steps[i].name;
@@ -411,8 +412,20 @@ HotFiles prepare_hot_files(sqfs* fs, int image_fd, const std::string& directory,
         const int made_fd = made.get();
         ConfinedLimits confined;
         confined.file_size_bytes = std::max<uint64_t>(limits.file_bytes, kMaxImageListBytes);
+        struct stat before {};
+        struct stat after {};
+        if (::fstat(image_fd, &before) != 0) throw system_error("cannot stat the image");
         (void)run_confined(
             made_fd, {image_fd}, [&] { return unpack(fs, made_fd, learned, limits); }, confined);
+        // Its filter forbids changing the image it reads; checked all the same.
+        if (::fstat(image_fd, &after) != 0 || after.st_mode != before.st_mode ||
+            after.st_uid != before.st_uid || after.st_gid != before.st_gid ||
+            after.st_mtim.tv_sec != before.st_mtim.tv_sec ||
+            after.st_mtim.tv_nsec != before.st_mtim.tv_nsec ||
+            after.st_ctim.tv_sec != before.st_ctim.tv_sec ||
+            after.st_ctim.tv_nsec != before.st_ctim.tv_nsec) {
+            throw Error("the image changed while it was being unpacked");
+        }
         const HotFilesCounts counts = check_made_entry(temporary, image_list, limits);
         status =
             "unpacked " + std::to_string(counts.files) + " " + std::to_string(counts.bytes) + "\n";

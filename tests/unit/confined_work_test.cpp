@@ -4,9 +4,11 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/futex.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -88,25 +90,33 @@ TEST_F(ConfinedWorkTest, KeepsNoDescriptorTerminalOrOtherSystemCall) {
     const int leaked_fd = leaked.get();
     const int kept_fd = kept.get();
     const int dir = inside_.get();
+    const std::string outside = (dir_ / "outside.txt").string();
     const std::string report = run_confined(dir, {kept_fd}, [=] {
         std::string seen;
-        seen += ::dup(leaked_fd) < 0 && errno == EBADF ? "l" : "L";  // closed
-        const int copy = ::dup(kept_fd);
-        seen += copy >= 0 ? "k" : "K";  // kept
-        struct stat in {};
-        seen += ::fstat(0, &in) == 0 && S_ISCHR(in.st_mode) && in.st_rdev == makedev(1, 3)
-                    ? "n"
-                    : "N";  // stdin is /dev/null
-        seen += ::socket(AF_INET, SOCK_STREAM, 0) < 0 && errno == EPERM ? "s" : "S";
+        char byte = 0;
+        seen += ::pread(leaked_fd, &byte, 1, 0) < 0 && errno == EBADF ? "l" : "L";  // closed
+        seen += ::pread(kept_fd, &byte, 1, 0) == 1 ? "k" : "K";                     // kept
+        // The kept file (the caller's image) keeps its mode and times, and is not duplicated.
+        seen += ::fchmod(kept_fd, 0666) != 0 && errno == EPERM ? "m" : "M";
+        seen += ::futimens(kept_fd, nullptr) != 0 && errno == EPERM ? "u" : "U";
+        seen += ::dup(kept_fd) < 0 && errno == EPERM ? "d" : "D";
+        // No O_PATH descriptor, which Landlock would let through.
+        seen += ::open(outside.c_str(), O_PATH | O_CLOEXEC) < 0 && errno == EPERM ? "o" : "O";
+        seen += ::read(0, &byte, 1) == 0 ? "n" : "N";  // stdin is /dev/null: at its end at once
+        seen += ::socket(AF_UNIX, SOCK_STREAM, 0) < 0 && errno == EPERM ? "s" : "S";
         seen += ::kill(::getppid(), 0) != 0 ? "p" : "P";
         seen += ::ioctl(1, TIOCSTI, "x") != 0 ? "t" : "T";
         seen += ::fork() < 0 ? "f" : "F";  // no process it could leave behind
-        // No capability, even for a root caller: a file of its own cannot be given away.
+        // Its own files it may set up; no capability, even for a root caller, to give them away.
         UniqueFd made(::openat(dir, "mine", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+        seen += made && ::fchmod(made.get(), 0644) == 0 ? "w" : "W";
         seen += made && ::fchown(made.get(), 12345, static_cast<gid_t>(-1)) != 0 ? "c" : "C";
         return seen;
     });
-    EXPECT_EQ(report, "lknsptfc");
+    EXPECT_EQ(report, "lkmudonsptfwc");
+    struct stat after {};
+    ASSERT_EQ(::stat((dir_ / "outside.txt").c_str(), &after), 0);
+    EXPECT_EQ(after.st_mode & 07777, 0644U);
 }
 
 TEST_F(ConfinedWorkTest, MemoryAndTimeAreBounded) {
@@ -136,6 +146,21 @@ TEST_F(ConfinedWorkTest, MemoryAndTimeAreBounded) {
         FAIL() << "no error";
     } catch (const Error& e) {
         // Killed at the limit, not waited for.
+        EXPECT_NE(std::strstr(e.what(), "took longer than 300 ms"), nullptr) << e.what();
+    }
+    // One that closes every descriptor, its report's included, and then sleeps using no CPU.
+    try {
+        (void)run_confined(
+            inside_.get(), {},
+            [] {
+                (void)::syscall(SYS_close_range, 0U, ~0U, 0U);
+                int word = 0;
+                for (;;) (void)::syscall(SYS_futex, &word, FUTEX_WAIT, 0, nullptr, nullptr, 0);
+                return std::string("done");
+            },
+            limits);
+        FAIL() << "no error";
+    } catch (const Error& e) {
         EXPECT_NE(std::strstr(e.what(), "took longer than 300 ms"), nullptr) << e.what();
     }
 }
