@@ -55,12 +55,14 @@ void install_syscall_filter(const std::vector<int>& protected_fds) {
         const int err =
             ::seccomp_rule_add_array(filter.get(), SCMP_ACT_ALLOW, number,
                                      static_cast<unsigned>(conditions.size()), conditions.data());
-        if (err < 0)
+        if (err < 0) {
             throw Error(std::string("seccomp_rule_add(") + what + "): " + std::strerror(-err));
+        }
     };
     for (const char* name : kAllowedSyscalls) allow(name, ::seccomp_syscall_resolve_name(name), {});
     allow("openat", SCMP_SYS(openat), {SCMP_A2(SCMP_CMP_MASKED_EQ, O_PATH, 0)});
     std::vector<scmp_arg_cmp> not_protected;
+    not_protected.reserve(protected_fds.size());
     for (int fd : protected_fds) {
         not_protected.push_back(SCMP_A0(SCMP_CMP_NE, static_cast<uint64_t>(fd)));
     }
