@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "security/landlock.h"
+#include "temp_directory.h"
 #include "util/errors.h"
 #include "util/unique_fd.h"
 
@@ -32,18 +33,13 @@ namespace fs = std::filesystem;
 class ConfinedWorkTest : public ::testing::Test {
   protected:
     void SetUp() override {
-        char pattern[] = "/tmp/sqbox-confined-XXXXXX";
-        dir_ = ::mkdtemp(pattern);
         fs::create_directory(dir_ / "inside");
         std::ofstream(dir_ / "outside.txt") << "outside\n";
         inside_.reset(::open((dir_ / "inside").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
         ASSERT_TRUE(inside_);
     }
-    void TearDown() override {
-        if (!dir_.empty()) fs::remove_all(dir_);
-    }
-
-    fs::path dir_;
+    TempDirectory temp_{"confined"};
+    const fs::path& dir_ = temp_.path();
     UniqueFd inside_;
 };
 

@@ -9,6 +9,8 @@
 #include <fstream>
 #include <string>
 
+#include "temp_directory.h"
+
 namespace sqbox {
 namespace {
 
@@ -16,14 +18,8 @@ namespace fs = std::filesystem;
 
 class FileTreeTest : public ::testing::Test {
   protected:
-    void SetUp() override {
-        char pattern[] = "/tmp/sqbox-file-tree-XXXXXX";
-        dir_ = ::mkdtemp(pattern);
-    }
-    void TearDown() override {
-        if (!dir_.empty()) fs::remove_all(dir_);
-    }
-    fs::path dir_;
+    TempDirectory temp_{"file-tree"};
+    const fs::path& dir_ = temp_.path();
 };
 
 TEST_F(FileTreeTest, RemovesWideDeepAndClosedTreesButNotWhatSymlinksName) {

@@ -10,8 +10,10 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <string>
 
+#include "temp_directory.h"
 #include "util/errors.h"
 
 namespace sqbox {
@@ -22,17 +24,14 @@ namespace fs = std::filesystem;
 class MadeEntryTest : public ::testing::Test {
   protected:
     void SetUp() override {
-        char pattern[] = "/tmp/sqbox-hot-files-XXXXXX";
-        dir_ = ::mkdtemp(pattern);
-        entry_ = dir_ / "KEY.files.tmp";
+        temp_.emplace("hot-files");
+        entry_ = temp_->path() / "KEY.files.tmp";
         fs::create_directories(entry_ / "tree" / "usr" / "lib");
         std::ofstream(entry_ / "image-list") << "sqbox-warm-up 1\n";
         std::ofstream(entry_ / "tree" / "usr" / "lib" / "libc.so") << "library\n";
         std::ofstream(entry_ / "tree" / "usr" / "empty");
     }
-    void TearDown() override {
-        if (!dir_.empty()) fs::remove_all(dir_);
-    }
+    void TearDown() override { temp_.reset(); }
 
     // Whether check_made_entry refuses the entry.
     bool refused(const HotFilesLimits& limits = {}) {
@@ -44,7 +43,7 @@ class MadeEntryTest : public ::testing::Test {
         }
     }
 
-    fs::path dir_;
+    std::optional<TempDirectory> temp_;
     fs::path entry_;
 };
 

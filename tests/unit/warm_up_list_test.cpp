@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "temp_directory.h"
 #include "util/errors.h"
 #include "util/unique_fd.h"
 #include "util/user_directories.h"
@@ -28,27 +29,6 @@ using namespace std::string_literals;
 std::string list_bytes(const std::string& records) {
     return "sqbox-warm-up 1\n" + records;
 }
-
-// A fresh directory under the test's temporary directory, removed afterwards.
-class TemporaryDirectory {
-  public:
-    TemporaryDirectory() {
-        std::string pattern =
-            (std::filesystem::temp_directory_path() / "sqbox-test-XXXXXX").string();
-        if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp");
-        path_ = pattern;
-    }
-    ~TemporaryDirectory() {
-        std::error_code ignored;
-        std::filesystem::remove_all(path_, ignored);
-    }
-    TemporaryDirectory(const TemporaryDirectory&) = delete;
-    TemporaryDirectory& operator=(const TemporaryDirectory&) = delete;
-    const std::filesystem::path& path() const { return path_; }
-
-  private:
-    std::filesystem::path path_;
-};
 
 void write_bytes(const std::filesystem::path& path, const std::string& bytes) {
     std::ofstream out(path, std::ios::binary);
@@ -189,7 +169,7 @@ TEST(WarmUpList, DirectoryFollowsTheCallersSettings) {
 }
 
 TEST(WarmUpList, NameComesFromBothEndsOfTheImageAndItsSize) {
-    TemporaryDirectory dir;
+    TempDirectory dir{"warm-up"};
     const std::string head = "hsqs" + std::string(70000, 'h');
     const std::string middle(300000, 'm');
     const std::string tail(70000, 't');
@@ -222,7 +202,7 @@ TEST(WarmUpList, NameComesFromBothEndsOfTheImageAndItsSize) {
 }
 
 TEST(WarmUpList, LearningAddsToTheListAndKeepsItPrivate) {
-    TemporaryDirectory dir;
+    TempDirectory dir{"warm-up"};
     const std::filesystem::path lists = dir.path() / "cache" / "warm-up";
     const std::string path = (lists / "0123").string();
     EXPECT_EQ(load_warm_up_list(path), std::vector<WarmUpName>{});  // none yet
@@ -264,7 +244,7 @@ TEST(WarmUpList, LearningAddsToTheListAndKeepsItPrivate) {
 }
 
 TEST(WarmUpList, OnlyAPrivateDirectoryHoldsLists) {
-    TemporaryDirectory dir;
+    TempDirectory dir{"warm-up"};
     const std::filesystem::path lists = dir.path() / "warm-up";
     const std::string path = (lists / "0123").string();
     add_to_warm_up_list(path, {{"/etc", Kind::kLookUp}});
@@ -275,7 +255,7 @@ TEST(WarmUpList, OnlyAPrivateDirectoryHoldsLists) {
 }
 
 TEST(WarmUpList, FailedSaveLeavesNothingBehind) {
-    TemporaryDirectory dir;
+    TempDirectory dir{"warm-up"};
     // The list's directory cannot be created: a file is in the way.
     write_bytes(dir.path() / "blocked", "");
     EXPECT_THROW(add_to_warm_up_list((dir.path() / "blocked" / "list").string(), {}), Error);
