@@ -110,9 +110,11 @@ CLI::App* add_run_subcommand(CLI::App& app, RunArguments& args) {
     run->add_flag("-t,--tty", args.tty,
                   "give the payload a terminal of its own (stdin must be a terminal)");
     run->add_flag("--learn-warm-up", args.learn_warm_up,
-                  "add the names this run looks up in the .sqsh image to the image's warm-up "
-                  "list, which later runs look up ahead of the payload (run a command you trust)");
-    run->add_flag("--no-warm-up", args.no_warm_up, "do not use the image's warm-up list");
+                  "add the names this run looks up, reads and lists in the .sqsh image to the "
+                  "image's warm-up list, which later runs look up ahead of the payload and whose "
+                  "files they unpack (run a command you trust)");
+    run->add_flag("--no-warm-up", args.no_warm_up,
+                  "use no warm-up list and no unpacked files: everything through the image server");
     run->add_flag("-v,--verbose", args.verbose, "report setup details on stderr");
     run->footer(
         "Everything after IMAGE (or after --) is the command, even words that look like "

@@ -117,6 +117,15 @@ std::optional<HotFiles> read_entry(const std::string& path, const std::string& p
     return found;
 }
 
+// Whether a file of `file`'s status is one sqbox unpacks (see the header), with `bytes` already
+// in the tree: the builder's choice and the launcher's check of what the builder made.
+bool unpackable(const struct stat& file, uint64_t bytes, const HotFilesLimits& limits) {
+    const auto size = static_cast<uint64_t>(file.st_size);
+    return S_ISREG(file.st_mode) && file.st_nlink == 1 &&
+           (file.st_mode & (S_ISUID | S_ISGID)) == 0 && size <= limits.file_bytes &&
+           bytes + size <= limits.total_bytes;
+}
+
 // Unpacks files into a new tree, directory by directory as their paths need them, within the
 // limits' budgets. Runs in the confined child.
 class TreeBuilder {
@@ -131,10 +140,7 @@ class TreeBuilder {
         if (!steps || steps->empty()) return;
         struct stat file {};
         if (sqfs_stat(fs_, &steps->back().inode, &file) != SQFS_OK) return;
-        const auto size = static_cast<uint64_t>(file.st_size);
-        if (!S_ISREG(file.st_mode) || file.st_nlink != 1 ||
-            (file.st_mode & (S_ISUID | S_ISGID)) != 0 || size > limits_.file_bytes ||
-            bytes_ + size > limits_.total_bytes || created_ + steps->size() > limits_.entries) {
+        if (!unpackable(file, bytes_, limits_) || created_ + steps->size() > limits_.entries) {
             return;
         }
         UniqueFd parent = open_parents(*steps);
@@ -147,13 +153,13 @@ class TreeBuilder {
             throw system_error("cannot create " + where);
         }
         ++created_;
+        const auto size = static_cast<uint64_t>(file.st_size);
         if (!copy_contents(&steps->back().inode, size, out.get(), where)) {
             // A file the image cannot give whole stays in the image.
             (void)::unlinkat(parent.get(), name.c_str(), 0);
             return;
         }
         set_attributes(out.get(), file, where);
-        ++files_;
         bytes_ += size;
     }
 
@@ -173,9 +179,6 @@ class TreeBuilder {
             set_attributes(fd.get(), directory, "/" + made->first);
         }
     }
-
-    size_t files() const { return files_; }
-    uint64_t bytes() const { return bytes_; }
 
   private:
     // The directory that holds the last step, made (0700 until finish()) where missing.
@@ -237,14 +240,14 @@ class TreeBuilder {
     size_t created_ = 0;
     std::vector<std::pair<std::string, sqfs_inode>> directories_;  // in order of creation
     std::vector<char> buffer_;
-    size_t files_ = 0;
-    uint64_t bytes_ = 0;
+    uint64_t bytes_ = 0;  // unpacked so far
 };
 
 // The confined child's work: the image's own list (when no learned one is given) into
-// `image-list`, the files of the list into `tree`. Returns "FILES BYTES".
-std::string unpack(sqfs* fs, int entry_fd, const std::vector<WarmUpName>& learned,
-                   const HotFilesLimits& limits) {
+// `image-list`, the files of the list into `tree`. What it made is counted by the launcher, which
+// believes nothing the child says (check_made_entry).
+void unpack(sqfs* fs, int entry_fd, const std::vector<WarmUpName>& learned,
+            const HotFilesLimits& limits) {
     std::vector<WarmUpName> names = learned;
     if (learned.empty()) {
         // An image whose list is not one is as one without: nothing to unpack.
@@ -260,7 +263,6 @@ std::string unpack(sqfs* fs, int entry_fd, const std::vector<WarmUpName>& learne
         if (name.kind == WarmUpKind::kRead) builder.add(name.path);
     }
     builder.finish();
-    return std::to_string(builder.files()) + " " + std::to_string(builder.bytes());
 }
 
 // No extended attributes: overlayfs would read user.overlay.* ones on a lower layer (an opaque
@@ -269,6 +271,40 @@ void check_no_xattrs(const std::string& path) {
     const ssize_t size = ::llistxattr(path.c_str(), nullptr, 0);
     if (size > 0 || (size < 0 && errno != ENOTSUP)) {
         throw Error(path + " has extended attributes");
+    }
+}
+
+UniqueFd make_empty_directory(const std::string& path) {
+    remove_tree(path);
+    if (::mkdir(path.c_str(), 0700) != 0) throw system_error("cannot create " + path);
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!fd) throw system_error("cannot open " + path);
+    return fd;
+}
+
+// Removes the oldest entries (by when they were made) of `directory` but `keep`, so that at most
+// kMaxEntries remain. Best effort: a sandbox still running on a removed tree keeps the files it
+// opened and finds the rest in the image.
+void remove_oldest_entries(const std::string& directory, const std::string& keep) {
+    std::unique_ptr<DIR, int (*)(DIR*)> listing(::opendir(directory.c_str()), ::closedir);
+    if (!listing) return;
+    std::vector<std::pair<int64_t, std::string>> entries;  // (made, name)
+    while (const dirent* item = ::readdir(listing.get())) {
+        const std::string name = item->d_name;
+        if (!name.ends_with(".files") || name == keep) continue;
+        struct stat stamp {};
+        const std::string stamp_path = directory + "/" + name + "/stamp";
+        const int64_t made =
+            ::lstat(stamp_path.c_str(), &stamp) == 0 ? static_cast<int64_t>(stamp.st_mtime) : 0;
+        entries.emplace_back(made, name);
+    }
+    if (entries.size() < kMaxEntries) return;
+    std::sort(entries.begin(), entries.end());
+    for (size_t i = 0; i + kMaxEntries <= entries.size(); ++i) {
+        try {
+            remove_tree(directory + "/" + entries[i].second);
+        } catch (const Error&) {  // another run is at it
+        }
     }
 }
 
@@ -325,15 +361,12 @@ HotFilesCounts check_made_entry(const std::string& entry, bool image_list,
                 pending.push_back(child);
                 continue;
             }
-            const auto size = static_cast<uint64_t>(st.st_size);
-            if (!S_ISREG(st.st_mode) || st.st_nlink != 1 ||
-                (st.st_mode & (S_ISUID | S_ISGID)) != 0 || size > limits.file_bytes ||
-                counts.bytes + size > limits.total_bytes) {
+            if (!unpackable(st, counts.bytes, limits)) {
                 throw Error(child_path + " is not a file sqbox unpacks");
             }
             check_no_xattrs(child_path);
             ++counts.files;
-            counts.bytes += size;
+            counts.bytes += static_cast<uint64_t>(st.st_size);
         }
     }
     // Deepest first, as they were made.
@@ -342,44 +375,6 @@ HotFilesCounts check_made_entry(const std::string& entry, bool image_list,
     }
     return counts;
 }
-
-namespace {
-
-UniqueFd make_empty_directory(const std::string& path) {
-    remove_tree(path);
-    if (::mkdir(path.c_str(), 0700) != 0) throw system_error("cannot create " + path);
-    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-    if (!fd) throw system_error("cannot open " + path);
-    return fd;
-}
-
-// Removes the oldest entries (by when they were made) of `directory` but `keep`, so that at most
-// kMaxEntries remain. Best effort: a sandbox still running on a removed tree keeps the files it
-// opened and finds the rest in the image.
-void remove_oldest_entries(const std::string& directory, const std::string& keep) {
-    std::unique_ptr<DIR, int (*)(DIR*)> listing(::opendir(directory.c_str()), ::closedir);
-    if (!listing) return;
-    std::vector<std::pair<int64_t, std::string>> entries;  // (made, name)
-    while (const dirent* item = ::readdir(listing.get())) {
-        const std::string name = item->d_name;
-        if (!name.ends_with(".files") || name == keep) continue;
-        struct stat stamp {};
-        const std::string stamp_path = directory + "/" + name + "/stamp";
-        const int64_t made =
-            ::lstat(stamp_path.c_str(), &stamp) == 0 ? static_cast<int64_t>(stamp.st_mtime) : 0;
-        entries.emplace_back(made, name);
-    }
-    if (entries.size() < kMaxEntries) return;
-    std::sort(entries.begin(), entries.end());
-    for (size_t i = 0; i + kMaxEntries <= entries.size(); ++i) {
-        try {
-            remove_tree(directory + "/" + entries[i].second);
-        } catch (const Error&) {  // another run is at it
-        }
-    }
-}
-
-}  // namespace
 
 HotFiles prepare_hot_files(sqfs* fs, int image_fd, const std::string& directory,
                            const std::string& key, const std::vector<WarmUpName>& learned,
@@ -412,18 +407,16 @@ HotFiles prepare_hot_files(sqfs* fs, int image_fd, const std::string& directory,
         const int made_fd = made.get();
         ConfinedLimits confined;
         confined.file_size_bytes = std::max<uint64_t>(limits.file_bytes, kMaxImageListBytes);
-        struct stat before {};
-        struct stat after {};
-        if (::fstat(image_fd, &before) != 0) throw system_error("cannot stat the image");
         (void)run_confined(
-            made_fd, {image_fd}, [&] { return unpack(fs, made_fd, learned, limits); }, confined);
-        // Its filter forbids changing the image it reads; checked all the same.
-        if (::fstat(image_fd, &after) != 0 || after.st_mode != before.st_mode ||
-            after.st_uid != before.st_uid || after.st_gid != before.st_gid ||
-            after.st_mtim.tv_sec != before.st_mtim.tv_sec ||
-            after.st_mtim.tv_nsec != before.st_mtim.tv_nsec ||
-            after.st_ctim.tv_sec != before.st_ctim.tv_sec ||
-            after.st_ctim.tv_nsec != before.st_ctim.tv_nsec) {
+            made_fd, {image_fd},
+            [&] {
+                unpack(fs, made_fd, learned, limits);
+                return std::string();
+            },
+            confined);
+        // Its filter forbids changing the image it reads (its status change time would show);
+        // checked all the same.
+        if (stamp_prefix(image_fd, learned) != prefix) {
             throw Error("the image changed while it was being unpacked");
         }
         const HotFilesCounts counts = check_made_entry(temporary, image_list, limits);

@@ -29,33 +29,39 @@ UniqueFd open_directory(const std::string& path) {
     return fd;
 }
 
+// An overlay filesystem, not attached yet, with `options` and userxattr (user.* xattrs: trusted.*
+// are not writable from a user namespace), or without it where the kernel knows none (before
+// 5.11). Throws Error.
+UniqueFd create_overlay(MountOptions options, uint64_t attributes, const std::string& what) {
+    options.emplace_back("userxattr", "");
+    try {
+        return create_filesystem("overlay", options, attributes, what);
+    } catch (const Error& e) {
+        if (e.system_errno() != EINVAL) throw;
+    }
+    options.pop_back();
+    return create_filesystem("overlay", options, attributes, what);
+}
+
 // The overlay: the image (and a container's persistent layer, when it is only shown) below, a
 // writable layer above: the sandbox's tmpfs, or a container's persistent layer. Returns 0, or the
 // errno with which the kernel refused it.
 int try_mount_overlay(const std::string& target, const std::string& lower,
                       const std::string& layer_dir) {
-    auto try_mount = [&](bool user_xattr) -> int {
-        MountOptions options = {{"lowerdir", lower},
-                                {"upperdir", layer_dir + "/upper"},
-                                {"workdir", layer_dir + "/work"}};
-        // user.* xattrs: trusted.* are not writable from a user namespace.
-        if (user_xattr) options.emplace_back("userxattr", "");
-        // No inode-number remapping: with it, every readdir of the image looks up each entry
-        // again, which makes Python's start-up (site, import path scans) several ms slower.
-        options.emplace_back("xino", "off");
-        try {
-            UniqueFd overlay =
-                create_filesystem("overlay", options, MountAttr::kNoSuid | MountAttr::kNoDev,
-                                  "overlay root filesystem");
-            attach_mount_at(overlay.get(), target, "overlay root filesystem");
-            return 0;
-        } catch (const Error& e) {
-            return e.system_errno() != 0 ? e.system_errno() : EINVAL;
-        }
-    };
-    int err = try_mount(true);
-    if (err == EINVAL) err = try_mount(false);  // kernels before 5.11 know no userxattr
-    return err;
+    // No inode-number remapping: with it, every readdir of the image looks up each entry again,
+    // which makes Python's start-up (site, import path scans) several ms slower.
+    const MountOptions options = {{"lowerdir", lower},
+                                  {"upperdir", layer_dir + "/upper"},
+                                  {"workdir", layer_dir + "/work"},
+                                  {"xino", "off"}};
+    try {
+        UniqueFd overlay = create_overlay(options, MountAttr::kNoSuid | MountAttr::kNoDev,
+                                          "overlay root filesystem");
+        attach_mount_at(overlay.get(), target, "overlay root filesystem");
+        return 0;
+    } catch (const Error& e) {
+        return e.system_errno() != 0 ? e.system_errno() : EINVAL;
+    }
 }
 
 // Whether the supervisor bound the image's unpacked files at /hot (a mount point, not the
@@ -349,21 +355,9 @@ std::string mount_hot_files(const std::string& tree, int tree_fd, bool verbose) 
                              false, "unpacked files " + tree);
         attach_mount_at(bound.get(), kHotFilesDir, "unpacked files " + tree);
         // Two lower layers and no upper: a read-only overlay.
-        const std::string lower = std::string(kHotFilesDir) + ":" + kImageDir;
-        UniqueFd view;
-        for (bool user_xattr : {true, false}) {
-            MountOptions options = {{"lowerdir", lower}, {"xino", "off"}};
-            if (user_xattr) options.emplace_back("userxattr", "");
-            try {
-                view =
-                    create_filesystem("overlay", options,
-                                      MountAttr::kReadOnly | MountAttr::kNoSuid | MountAttr::kNoDev,
-                                      "the image's view");
-                break;
-            } catch (const Error& e) {
-                if (!user_xattr || e.system_errno() != EINVAL) throw;
-            }
-        }
+        UniqueFd view = create_overlay(
+            {{"lowerdir", std::string(kHotFilesDir) + ":" + kImageDir}, {"xino", "off"}},
+            MountAttr::kReadOnly | MountAttr::kNoSuid | MountAttr::kNoDev, "the image's view");
         attach_mount_at(view.get(), kImageViewDir, "the image's view");
         return kImageViewDir;
     } catch (const Error& e) {

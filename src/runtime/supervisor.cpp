@@ -119,7 +119,7 @@ void run_supervisor(const SupervisorContext& context) {
         ChildProcess server =
             mount_image_and_serve(image, ids,
                                   {context.report_fd, plan.channel_fd, init_report.read_end.get(),
-                                   lifeline.write_end.get(), image_ready.get()},
+                                   lifeline.write_end.get(), image_ready.get(), plan.hot_files_fd},
                                   plan.learn_fd);
         // The server has its own copy of the learning run's record file.
         if (plan.learn_fd >= 0) (void)::close(plan.learn_fd);

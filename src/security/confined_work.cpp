@@ -15,8 +15,10 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <optional>
 
 #include "runtime/capabilities.h"
+#include "runtime/process.h"
 #include "security/landlock.h"
 #include "util/errors.h"
 #include "util/files.h"
@@ -81,30 +83,19 @@ void install_syscall_filter(const std::vector<int>& protected_fds) {
 
 // Stdio to /dev/null, out of the caller's session (no terminal to inject into), every other
 // descriptor closed but `keep`.
-void isolate_descriptors(std::vector<int> keep) {
+void isolate_descriptors(const std::vector<int>& keep) {
     if (::setsid() < 0) throw system_error("setsid");
-    UniqueFd null(::open("/dev/null", O_RDWR | O_CLOEXEC));
-    if (!null) throw system_error("cannot open /dev/null");
+    const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null < 0) throw system_error("cannot open /dev/null");
     for (int fd = 0; fd < 3; ++fd) {
-        if (::dup2(null.get(), fd) < 0) throw system_error("dup2");
+        if (::dup2(null, fd) < 0) throw system_error("dup2");
     }
-    keep.push_back(null.get());  // closed with its object below
-    std::sort(keep.begin(), keep.end());
-    unsigned first = 3;
-    for (int fd : keep) {
-        if (fd < 3) continue;
-        if (static_cast<unsigned>(fd) > first &&
-            ::syscall(SYS_close_range, first, static_cast<unsigned>(fd) - 1, 0U) != 0) {
-            throw system_error("close_range");
-        }
-        first = static_cast<unsigned>(fd) + 1;
-    }
-    if (::syscall(SYS_close_range, first, ~0U, 0U) != 0) throw system_error("close_range");
+    close_fds_except(keep);  // `null` (above 2, not kept) included
 }
 
-void confine_child(int directory_fd, const std::vector<int>& protected_fds,
-                   const ConfinedLimits& limits) {
-    if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) throw system_error("prctl(PR_SET_PDEATHSIG)");
+void confine_child(pid_t parent, int landlock_abi, int directory_fd,
+                   const std::vector<int>& protected_fds, const ConfinedLimits& limits) {
+    die_with_parent(parent);
     if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) throw system_error("prctl(NO_NEW_PRIVS)");
     // Not ptrace-able or readable through /proc by other processes of the caller's.
     if (::prctl(PR_SET_DUMPABLE, 0) != 0) throw system_error("prctl(PR_SET_DUMPABLE)");
@@ -119,7 +110,7 @@ void confine_child(int directory_fd, const std::vector<int>& protected_fds,
     }
     // A root caller's child would keep every capability: Landlock leaves them alone.
     if (::geteuid() == 0) drop_all_privileges();
-    confine_to_directory(landlock_abi_version(), directory_fd);
+    confine_to_directory(landlock_abi, directory_fd);
     install_syscall_filter(protected_fds);
 }
 
@@ -128,8 +119,10 @@ void confine_child(int directory_fd, const std::vector<int>& protected_fds,
 std::string run_confined(int directory_fd, const std::vector<int>& keep_fds,
                          const std::function<std::string()>& work, const ConfinedLimits& limits) {
     // Without Landlock the child could open any file of the caller's: nothing runs then.
-    if (landlock_abi_version() == 0) throw Error("Landlock is not available");
+    const int landlock_abi = landlock_abi_version();
+    if (landlock_abi == 0) throw Error("Landlock is not available");
     Pipe report = make_pipe("a confined process's report");
+    const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
     if (pid < 0) throw system_error("cannot start a confined process");
     if (pid == 0) {
@@ -138,8 +131,8 @@ std::string run_confined(int directory_fd, const std::vector<int>& keep_fds,
             std::vector<int> keep = keep_fds;
             keep.push_back(directory_fd);
             keep.push_back(report.write_end.get());
-            isolate_descriptors(std::move(keep));
-            confine_child(directory_fd, keep_fds, limits);
+            isolate_descriptors(keep);
+            confine_child(parent, landlock_abi, directory_fd, keep_fds, limits);
             finish_child(report.write_end.get(), 'o', work());
         } catch (const std::exception& e) {
             finish_child(report.write_end.get(), 'e', e.what());
@@ -147,20 +140,18 @@ std::string run_confined(int directory_fd, const std::vector<int>& keep_fds,
             finish_child(report.write_end.get(), 'e', "unknown failure");
         }
     }
+    ChildProcess child(pid);  // killed and reaped on the way out, whatever happens
     report.write_end.reset();
-    // The report, until the child closes its end (exits) or the time is up.
+    // The report, until the child closes its end or the time is up; then its exit, by the same
+    // deadline: a child that closed its end can still sleep forever (using no CPU time).
     const auto deadline = std::chrono::steady_clock::now() + limits.time_limit;
+    auto time_left_ms = [&] {
+        return std::chrono::ceil<std::chrono::milliseconds>(deadline -
+                                                            std::chrono::steady_clock::now())
+            .count();
+    };
     std::string received;
-    bool timed_out = false;
-    for (;;) {
-        const auto left = std::chrono::ceil<std::chrono::milliseconds>(
-                              deadline - std::chrono::steady_clock::now())
-                              .count();
-        if (left <= 0) {
-            timed_out = true;
-            (void)::kill(pid, SIGKILL);
-            break;
-        }
+    for (long left = time_left_ms(); left > 0; left = time_left_ms()) {
         pollfd pfd{report.read_end.get(), POLLIN, 0};
         const int ready = ::poll(&pfd, 1, static_cast<int>(left));
         if (ready < 0 && errno != EINTR) break;
@@ -171,29 +162,18 @@ std::string run_confined(int directory_fd, const std::vector<int>& keep_fds,
         if (got <= 0) break;
         if (received.size() <= kMaxReportBytes) received.append(buffer, static_cast<size_t>(got));
     }
-    // Its exit, by the same deadline: a child that closed its end can still sleep forever
-    // (blocked, it uses no CPU time).
-    int status = 0;
-    for (;;) {
-        const pid_t done = ::waitpid(pid, &status, timed_out ? 0 : WNOHANG);
-        if (done == pid) break;
-        if (done < 0 && errno != EINTR) throw system_error("waitpid");
-        if (done == 0 && std::chrono::steady_clock::now() >= deadline) {
-            timed_out = true;
-            (void)::kill(pid, SIGKILL);
-        } else if (done == 0) {
-            ::usleep(500);
-        }
-    }
-    if (timed_out) {
+    std::optional<int> status;
+    while (!(status = child.try_reap()) && time_left_ms() > 0) ::usleep(500);
+    if (!status) {
+        child.kill_and_reap();
         throw Error("took longer than " + std::to_string(limits.time_limit.count()) + " ms");
     }
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && received.starts_with('o')) {
+    if (WIFEXITED(*status) && WEXITSTATUS(*status) == 0 && received.starts_with('o')) {
         return received.substr(1);
     }
     if (received.starts_with('e')) throw Error(received.substr(1));
-    if (WIFSIGNALED(status)) throw Error("died of signal " + std::to_string(WTERMSIG(status)));
-    throw Error("failed (status " + std::to_string(WEXITSTATUS(status)) + ")");
+    if (WIFSIGNALED(*status)) throw Error("died of signal " + std::to_string(WTERMSIG(*status)));
+    throw Error("failed (status " + std::to_string(WEXITSTATUS(*status)) + ")");
 }
 
 }  // namespace sqbox

@@ -105,9 +105,18 @@ void make_directories(const std::string& path, mode_t mode) {
     }
 }
 
-UniqueFd lock_file(const std::string& path) {
+namespace {
+
+UniqueFd open_lock_file(const std::string& path) {
     UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
     if (!fd) throw system_error("cannot open " + path);
+    return fd;
+}
+
+}  // namespace
+
+UniqueFd lock_file(const std::string& path) {
+    UniqueFd fd = open_lock_file(path);
     while (::flock(fd.get(), LOCK_EX) != 0) {
         if (errno != EINTR) throw system_error("cannot lock " + path);
     }
@@ -115,8 +124,7 @@ UniqueFd lock_file(const std::string& path) {
 }
 
 UniqueFd lock_file_within(const std::string& path, int wait_ms) {
-    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
-    if (!fd) throw system_error("cannot open " + path);
+    UniqueFd fd = open_lock_file(path);
     constexpr int kPollMs = 2;
     for (int waited = 0;; waited += kPollMs) {
         if (::flock(fd.get(), LOCK_EX | LOCK_NB) == 0) return fd;

@@ -245,3 +245,21 @@ def test_a_directory_the_image_closes_still_has_its_files_unpacked(sqbox, busybo
     assert stat.S_IMODE((tree / "closed").stat().st_mode) == 0
     (tree / "closed").chmod(0o700)  # the caller's own tree: to look inside, and to clean up
     assert (tree / "closed" / "deeper" / "file").read_text() == "below a closed directory\n"
+
+
+def test_the_payload_gets_no_descriptor_of_the_unpacked_files(sqbox, busybox_image, tmp_path):
+    """The launcher keeps a descriptor of the unpacked tree for the supervisor's check; init
+    closes its copy first thing, and the payload has only its stdio (and the descriptor `ls`
+    opens to list)."""
+    env = cache_env(tmp_path)
+    path = list_path(sqbox, busybox_image, env)
+    write_list(path, [("R", "/bin/busybox"), ("R", "/etc/passwd")])
+    result = sqbox.run(busybox_image, "ls", "-l", "/proc/self/fd/", options=["--verbose"],
+                       env=env)
+    assert result.returncode == 0, result.stderr
+    assert unpacked(result.stderr) is not None, result.stderr
+    assert "warm-up" not in result.stdout and "tree" not in result.stdout, result.stdout
+    # "lr-x------ 1 user group 64 Nov 21 17:49 3[ -> target]": the ninth field.
+    descriptors = sorted(int(line.split()[8]) for line in result.stdout.splitlines()
+                         if line.startswith("l"))
+    assert descriptors == [0, 1, 2, 3], result.stdout
