@@ -60,7 +60,7 @@ def extract(image, workdir, user):
     return rootfs
 
 
-def commands(sqbox, image, rootfs, user, caches, compare=None):
+def commands(sqbox, image, rootfs, user, caches, compare=None, switch=None):
     """(name, argv, environment) for each row; every row goes through runuser when --as-user.
 
     Each sqbox row has its own SQBOX_CACHE_DIR, empty when measuring starts: the .sqsh row
@@ -89,7 +89,18 @@ def commands(sqbox, image, rootfs, user, caches, compare=None):
         # Another build of sqbox (e.g. an older commit), to measure what a change costs.
         rows.append(("compare: sqbox run IMAGE.sqsh", [compare, "run", image, "--"] + PAYLOAD,
                      {"SQBOX_CACHE_DIR": caches["compare"]}))
+    if switch:
+        # One build with bench/hardening-switch.patch, with its hardening and without: the
+        # same binary in both rows, so only the hardening differs.
+        for row, extra in ((HARDENED_ROW, {}),
+                           (UNHARDENED_ROW, {"SQBOX_BENCH_WITHOUT_HARDENING": "1"})):
+            rows.append((row, [switch, "run", image, "--"] + PAYLOAD,
+                         {"SQBOX_CACHE_DIR": caches["switch"], **extra}))
     return [(name, as_user(user, argv), env) for name, argv, env in rows]
+
+
+HARDENED_ROW = "switch build: sqbox run IMAGE.sqsh"
+UNHARDENED_ROW = "switch build, without hardening"
 
 
 def time_once(argv, env=None):
@@ -218,6 +229,9 @@ def main():
     ap.add_argument("--compare", metavar="SQBOX",
                     help="another sqbox binary to measure in the same rounds (e.g. a build of "
                          "an older commit)")
+    ap.add_argument("--hardening-switch", metavar="SQBOX",
+                    help="a build with bench/hardening-switch.patch: measure it with and without "
+                         "its hardening in the same rounds, and print what the hardening costs")
     args = ap.parse_args()
 
     if args.rounds < 2:
@@ -233,9 +247,10 @@ def main():
     try:
         rootfs = extract(image, workdir, args.as_user)
         compare = os.path.abspath(args.compare) if args.compare else None
+        switch = os.path.abspath(args.hardening_switch) if args.hardening_switch else None
         caches = {kind: os.path.join(workdir, f"cache-{kind}")
-                  for kind in ("sqsh", "dir", "no-warm-up", "compare", "rss")}
-        rows = commands(sqbox, image, rootfs, args.as_user, caches, compare)
+                  for kind in ("sqsh", "dir", "no-warm-up", "compare", "switch", "rss")}
+        rows = commands(sqbox, image, rootfs, args.as_user, caches, compare, switch)
         samples = measure(rows, args.rounds)
         # A first run (its cache directory is empty): peak memory includes unpacking the files
         # of the image's warm-up list, if it has one.
@@ -266,6 +281,21 @@ def main():
           f"{stats[sq_img]['x_bwrap']:.2f} x bubblewrap")
     print(f"  everything through the image server (--no-warm-up): "
           f"{stats[sq_cold]['x_native']:.2f} x native, {stats[sq_cold]['x_bwrap']:.2f} x bubblewrap")
+    hardening = None
+    if args.hardening_switch:
+        # Per round, the two rows ran back to back: the median of their differences is less
+        # noisy than the difference of the medians (both are printed).
+        paired = [on - off for on, off in zip(samples[HARDENED_ROW], samples[UNHARDENED_ROW])]
+        hardening = {
+            "paired_median_ms": statistics.median(paired),
+            "paired_mean_ms": statistics.mean(paired),
+            "difference_of_medians_ms":
+                stats[HARDENED_ROW]["median"] - stats[UNHARDENED_ROW]["median"],
+        }
+        print(f"hardening cost (switch build, with minus without): "
+              f"{hardening['paired_median_ms']:.2f} ms median of per-round differences "
+              f"(mean {hardening['paired_mean_ms']:.2f}), "
+              f"{hardening['difference_of_medians_ms']:.2f} ms difference of medians")
     print()
 
     own = rss["supervisor"] + rss["fuse_server"]
@@ -288,6 +318,7 @@ def main():
                 "sqbox_x_bwrap": stats[sq_img]["x_bwrap"],
                 "sqbox_no_warm_up_x_native": stats[sq_cold]["x_native"],
                 "sqbox_no_warm_up_x_bwrap": stats[sq_cold]["x_bwrap"],
+                "hardening_cost": hardening,
                 "rss_kb": rss, "rss_pids": pids,
                 "supervisor_plus_fuse_kb": own, "rss_target_kb": RSS_TARGET_KB,
             }, f, indent=2)

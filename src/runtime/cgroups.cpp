@@ -13,9 +13,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstring>
-#include <fstream>
 #include <iterator>
-#include <sstream>
 #include <thread>
 
 #include "util/errors.h"
@@ -33,46 +31,103 @@ struct MountEntry {
     std::string super_options;
 };
 
-std::vector<MountEntry> read_mounts() {
-    std::ifstream in("/proc/self/mountinfo");
-    std::vector<MountEntry> mounts;
-    std::string line;
-    while (std::getline(in, line)) {
-        // "ID PARENT MAJ:MIN ROOT POINT OPTS [OPTIONAL...] - FSTYPE SOURCE SUPER_OPTS"
-        std::istringstream fields(line);
-        std::string id, parent, dev, root, point, options, word;
-        fields >> id >> parent >> dev >> root >> point >> options;
-        while (fields >> word && word != "-") {
-        }
-        MountEntry entry;
-        entry.point = point;
-        fields >> entry.fstype >> word >> entry.super_options;
-        mounts.push_back(entry);
+// The whole of a small kernel-generated file (/proc/self/...), read with plain syscalls: this is
+// on every root run's path to the sandbox, and iostreams cost more than the kernel does here.
+// Empty if it cannot be read: without /proc there is no cgroup to find, not an error.
+std::string read_proc_file(const char* path) {
+    UniqueFd fd(::open(path, O_RDONLY | O_CLOEXEC));
+    if (!fd) return {};
+    try {
+        return read_all(fd.get(), path);
+    } catch (const Error&) {
+        return {};
     }
+}
+
+// The next space-separated field of `line`, consumed from it.
+std::string_view next_field(std::string_view& line) {
+    const size_t start = line.find_first_not_of(' ');
+    if (start == std::string_view::npos) {
+        line = {};
+        return {};
+    }
+    line.remove_prefix(start);
+    const size_t end = std::min(line.find(' '), line.size());
+    std::string_view field = line.substr(0, end);
+    line.remove_prefix(end);
+    return field;
+}
+
+// Calls `visit` with each line of `text`, without its newline.
+template <typename Visit>
+void for_each_line(std::string_view text, Visit visit) {
+    while (!text.empty()) {
+        const size_t end = std::min(text.find('\n'), text.size());
+        visit(text.substr(0, end));
+        text.remove_prefix(std::min(end + 1, text.size()));
+    }
+}
+
+// mountinfo writes space, tab, newline and backslash in paths as octal escapes ("\040").
+std::string unescape_mount_path(std::string_view escaped) {
+    auto is_octal = [](char c) { return c >= '0' && c <= '7'; };
+    std::string path;
+    for (size_t i = 0; i < escaped.size(); ++i) {
+        if (escaped[i] == '\\' && i + 3 < escaped.size() && is_octal(escaped[i + 1]) &&
+            is_octal(escaped[i + 2]) && is_octal(escaped[i + 3])) {
+            path.push_back(static_cast<char>((escaped[i + 1] - '0') * 64 +
+                                             (escaped[i + 2] - '0') * 8 + (escaped[i + 3] - '0')));
+            i += 3;
+            continue;
+        }
+        path.push_back(escaped[i]);
+    }
+    return path;
+}
+
+std::vector<MountEntry> read_mounts() {
+    const std::string text = read_proc_file("/proc/self/mountinfo");
+    std::vector<MountEntry> mounts;
+    for_each_line(text, [&mounts](std::string_view line) {
+        // "ID PARENT MAJ:MIN ROOT POINT OPTS [OPTIONAL...] - FSTYPE SOURCE SUPER_OPTS"
+        for (int skipped = 0; skipped < 4; ++skipped) next_field(line);
+        MountEntry entry;
+        entry.point = unescape_mount_path(next_field(line));
+        for (std::string_view field = next_field(line); !field.empty() && field != "-";
+             field = next_field(line)) {
+        }
+        entry.fstype = next_field(line);
+        next_field(line);  // source
+        entry.super_options = next_field(line);
+        if (!entry.point.empty()) mounts.push_back(std::move(entry));
+    });
     return mounts;
 }
 
-// The caller's cgroup path in the v1 hierarchy holding `controller` ("N:a,b:PATH"), from
-// /proc/self/cgroup.
-std::optional<std::string> own_cgroup_path(const std::string& controller) {
-    std::ifstream in("/proc/self/cgroup");
-    std::string line;
-    while (std::getline(in, line)) {
-        size_t first = line.find(':');
-        size_t second = line.find(':', first + 1);
-        if (first == std::string::npos || second == std::string::npos) continue;
-        std::string controllers = line.substr(first + 1, second - first - 1);
-        std::string path = line.substr(second + 1);
-        if (("," + controllers + ",").find("," + controller + ",") != std::string::npos) {
-            return path;
+// The caller's cgroup path in the v1 hierarchy holding `controller` ("N:a,b:PATH" lines of
+// `proc_cgroup`, the text of /proc/self/cgroup).
+std::optional<std::string> own_cgroup_path(std::string_view proc_cgroup,
+                                           const std::string& controller) {
+    std::optional<std::string> path;
+    for_each_line(proc_cgroup, [&](std::string_view line) {
+        const size_t first = line.find(':');
+        if (path || first == std::string_view::npos) return;
+        const size_t second = line.find(':', first + 1);
+        if (second == std::string_view::npos) return;
+        const std::string controllers =
+            "," + std::string(line.substr(first + 1, second - first - 1)) + ",";
+        if (controllers.find("," + controller + ",") != std::string::npos) {
+            path = std::string(line.substr(second + 1));
         }
-    }
-    return std::nullopt;
+    });
+    return path;
 }
 
-bool has_words(const std::string& list, std::initializer_list<const char*> words) {
-    std::istringstream in(list);
-    std::vector<std::string> present{std::istream_iterator<std::string>(in), {}};
+bool has_words(std::string_view list, std::initializer_list<const char*> words) {
+    std::vector<std::string_view> present;
+    for (std::string_view word = next_field(list); !word.empty(); word = next_field(list)) {
+        present.push_back(word);
+    }
     for (const char* word : words) {
         if (std::find(present.begin(), present.end(), word) == present.end()) return false;
     }
@@ -182,6 +237,7 @@ std::optional<SandboxCgroup> SandboxCgroup::plan(const SandboxConfig& config) {
         cgroup.cpu_ = limits.cpus.has_value();
     } else if (::geteuid() == 0) {
         // cgroup v1, one hierarchy per controller.
+        const std::string proc_cgroup = read_proc_file("/proc/self/cgroup");
         for (const char* controller : {"memory", "pids", "cpu"}) {
             const std::string name = controller;
             if (name == "cpu" && !limits.cpus) continue;
@@ -192,7 +248,7 @@ std::optional<SandboxCgroup> SandboxCgroup::plan(const SandboxConfig& config) {
                     hierarchy = &mount;
                 }
             }
-            std::optional<std::string> own = own_cgroup_path(name);
+            std::optional<std::string> own = own_cgroup_path(proc_cgroup, name);
             if (hierarchy == nullptr || !own) {
                 if (name == "cpu") break;
                 return std::nullopt;
@@ -275,13 +331,29 @@ std::vector<int> SandboxCgroup::join_fds() const {
 bool SandboxCgroup::oom_killed() const {
     if (memory_dir_.empty()) return false;
     const std::string file = mechanism_ == "cgroup-v2" ? "/memory.events" : "/memory.oom_control";
-    std::istringstream in(read_text(memory_dir_ + file));
-    std::string key;
-    uint64_t value = 0;
-    while (in >> key >> value) {
-        if (key == "oom_kill" && value > 0) return true;
+    // "KEY VALUE" lines.
+    bool killed = false;
+    for_each_line(read_text(memory_dir_ + file), [&killed](std::string_view line) {
+        if (next_field(line) == "oom_kill") {
+            const std::string_view count = next_field(line);
+            killed = killed || (!count.empty() && count != "0");
+        }
+    });
+    return killed;
+}
+
+std::string cgroup_held_limits(const SandboxCgroup& cgroup) {
+    std::string held;
+    if (cgroup.limits_memory()) held += "memory ";
+    if (cgroup.limits_processes()) held += "pids ";
+    return held;
+}
+
+void drop_limits_held_by_cgroup(std::string_view held, ResourceLimits& rlimits) {
+    for (std::string_view word = next_field(held); !word.empty(); word = next_field(held)) {
+        if (word == "memory") rlimits.memory_bytes.reset();
+        if (word == "pids") rlimits.processes.reset();
     }
-    return false;
 }
 
 }  // namespace sqbox

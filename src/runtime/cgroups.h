@@ -17,6 +17,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "sqbox/config.h"
@@ -69,5 +70,12 @@ class SandboxCgroup {
     std::string memory_dir_;  // where memory.events (v2) or memory.oom_control (v1) lives
     bool cpu_ = false;        // v2: --cpus was given; v1: also a cpu hierarchy was found
 };
+
+// Init learns with the cgroup's join files which limits the cgroup holds ("memory pids", one of
+// them, or nothing), and drops those rlimits: the cgroup limits the whole sandbox, and the
+// per-process rlimits would only add surprises (RLIMIT_AS counts reserved address space, not
+// memory).
+std::string cgroup_held_limits(const SandboxCgroup& cgroup);
+void drop_limits_held_by_cgroup(std::string_view held, ResourceLimits& rlimits);
 
 }  // namespace sqbox

@@ -5,6 +5,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "image/squashfs_writer.h"
+#include "runtime/cgroups.h"
 #include "runtime/mounts.h"
 #include "runtime/network.h"
 #include "runtime/payload.h"
@@ -49,11 +51,13 @@ void die_with_supervisor(int lifeline_fd) {
 
 // Moves init into the sandbox's cgroup (if it has one) before the payload exists, then makes the
 // current cgroup the root of a fresh cgroup namespace: the payload sees "/" and nothing of the
-// host's tree. The launcher creates the cgroup meanwhile and sends its join files on `channel`.
-void enter_sandbox_cgroup(int channel) {
+// host's tree. The launcher creates the cgroup meanwhile and sends its join files on `channel`,
+// with the limits it holds, which the payload then does not apply as rlimits.
+void enter_sandbox_cgroup(int channel, ResourceLimits& rlimits) {
     std::optional<FdMessage> message = receive_fd_message(channel);
     if (!message) throw Error("sqbox's launcher went away");
     if (message->tag == 'e') throw Error(message->text);
+    drop_limits_held_by_cgroup(message->text, rlimits);
     for (const UniqueFd& fd : message->fds) {
         if (!write_all(fd.get(), "0", 1)) {
             throw system_error("cannot move into the sandbox's cgroup");
@@ -129,6 +133,48 @@ StageReport supervise_payload(pid_t payload) {
             return report;
         }
     }
+}
+
+// The payload's process, as init holds it.
+struct PayloadProcess {
+    pid_t pid = -1;
+    UniqueFd exec_status;  // EOF once the command runs; a StageReport if it could not
+    UniqueFd ready;        // started early: where init says the root is ready (kRootReady)
+};
+
+// Forks the payload once the root is complete (exec_payload).
+PayloadProcess start_payload(const SandboxPlan& plan, int terminal_fd) {
+    Pipe exec_status = make_pipe("exec status");
+    const pid_t pid = ::fork();
+    if (pid < 0) throw system_error("cannot start the payload");
+    if (pid == 0) {
+        exec_status.read_end.reset();
+        exec_payload(plan, exec_status.write_end.get(), terminal_fd);
+    }
+    return {pid, std::move(exec_status.read_end), UniqueFd()};
+}
+
+// Forks the payload before init builds the root (exec_payload_once_root_ready). It keeps nothing
+// of init's: not its report, lifeline or channel.
+PayloadProcess start_payload_early(const SandboxPlan& plan, const InitContext& context) {
+    Pipe exec_status = make_pipe("exec status");
+    int ready[2] = {-1, -1};
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ready) != 0) {
+        throw system_error("cannot make the payload's start signal");
+    }
+    UniqueFd ready_init(ready[0]);
+    UniqueFd ready_payload(ready[1]);
+    const pid_t pid = ::fork();
+    if (pid < 0) throw system_error("cannot start the payload");
+    if (pid == 0) {
+        exec_status.read_end.reset();
+        ready_init.reset();
+        for (int fd : {context.report_fd, context.lifeline_fd, plan.channel_fd}) {
+            if (fd >= 0) (void)::close(fd);
+        }
+        exec_payload_once_root_ready(plan, exec_status.write_end.get(), ready_payload.get());
+    }
+    return {pid, std::move(exec_status.read_end), std::move(ready_init)};
 }
 
 }  // namespace
@@ -219,17 +265,29 @@ void run_init(const InitContext& context) {
         }
         adopt_request_stdio(context);
         if (!config.export_image_path.empty()) export_root(context, config);
-        prepare_sandbox(config);
     } catch (const Error& e) {
         fail_stage(context.report_fd, kExitSqboxFailure, e.what());
     }
 
     StageReport report;
     try {
-        enter_sandbox_cgroup(plan.channel_fd);
         SandboxConfig live_config = config;
         SandboxPlan live_plan = plan;
         live_plan.config = &live_config;
+        // Before the payload exists, which then starts in the cgroup (and its namespace).
+        enter_sandbox_cgroup(plan.channel_fd, live_plan.rlimits);
+        std::optional<PayloadProcess> early;
+        if (plan.payload_may_start_early && !plan.pooled && !config.tty) {
+            // Init stands at the host's directory it was started in; so would the payload, and
+            // pivot_root carries along only what stands at the old root.
+            if (::chdir("/") != 0) throw system_error("chdir /");
+            early = start_payload_early(live_plan, context);
+        }
+        try {
+            prepare_sandbox(config);
+        } catch (const Error& e) {
+            fail_stage(context.report_fd, kExitSqboxFailure, e.what());  // the payload dies with us
+        }
         if (plan.pooled) await_request(plan.channel_fd, live_config, live_plan);
         SandboxPty terminal;
         if (config.tty) {
@@ -239,18 +297,18 @@ void run_init(const InitContext& context) {
             terminal.master.reset();
         }
         (void)::close(plan.channel_fd);
-        Pipe exec_status = make_pipe("exec status");
         const auto started = Clock::now();
-        pid_t payload = ::fork();
-        if (payload < 0) throw system_error("cannot start the payload");
-        if (payload == 0) {
-            exec_status.read_end.reset();
-            exec_payload(live_plan, exec_status.write_end.get(), terminal.slave.get());
-        }
+        PayloadProcess payload =
+            early ? std::move(*early) : start_payload(live_plan, terminal.slave.get());
         terminal.slave.reset();
-        exec_status.write_end.reset();
+        if (payload.ready) {
+            // If this fails the payload has already failed, and its report says why.
+            (void)::send(payload.ready.get(), &kRootReady, 1, MSG_NOSIGNAL);
+            payload.ready.reset();
+        }
         StageReport exec_failure;
-        const bool exec_failed = wait_for_exec(exec_status.read_end.get(), payload, exec_failure);
+        const bool exec_failed =
+            wait_for_exec(payload.exec_status.get(), payload.pid, exec_failure);
         if (!exec_failed) {
             // Early word that the payload runs: if the sandbox is killed before the final report
             // (a timeout), the record still says it started.
@@ -259,7 +317,7 @@ void run_init(const InitContext& context) {
             send_report(context.report_fd, running);
         }
 
-        report = supervise_payload(payload);
+        report = supervise_payload(payload.pid);
         report.wall_ns =
             std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - started).count();
         if (exec_failed) {

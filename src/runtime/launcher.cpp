@@ -20,6 +20,7 @@
 #include "runtime/stage_report.h"
 #include "runtime/stdio_relay.h"
 #include "runtime/supervisor.h"
+#include "security/builtin_profiles.h"
 #include "security/landlock.h"
 #include "security/seccomp_choice.h"
 #include "sqbox/sandbox.h"
@@ -92,17 +93,19 @@ std::vector<AppliedLimit> describe_limits(const ResourceLimits& limits,
 // Decides everything that does not need the sandbox yet, so bad settings fail before any
 // namespace exists.
 SandboxPlan make_plan(const SandboxConfig& config, const SandboxCgroup* cgroup) {
+    // Resolved in the sandbox's root, never against a directory the payload inherits.
+    if (config.workdir.empty() || config.workdir.front() != '/') {
+        throw Error("the working directory must be an absolute path in the sandbox, not '" +
+                    config.workdir + "'");
+    }
     SandboxPlan plan;
     plan.config = &config;
     plan.seccomp = prepare_seccomp(config.seccomp_profile);
     plan.landlock_abi = landlock_abi_version();
+    plan.payload_may_start_early = config.seccomp_profile == "none" ||
+                                   find_builtin_seccomp_profile(config.seccomp_profile) != nullptr;
+    // Init drops the ones the sandbox's cgroup holds when it joins (hand_over_cgroup).
     plan.rlimits = config.limits;
-    if (cgroup != nullptr) {
-        // The cgroup limits the whole sandbox; the per-process rlimits would only add surprises
-        // (RLIMIT_AS counts reserved address space, not memory).
-        if (cgroup->limits_memory()) plan.rlimits.memory_bytes.reset();
-        if (cgroup->limits_processes()) plan.rlimits.processes.reset();
-    }
     if (config.limits.cpus && (cgroup == nullptr || !cgroup->limits_cpu())) {
         throw Error(
             "--cpus needs a cgroup with the cpu controller: run as root, or pass --cgroup DIR "
@@ -130,24 +133,36 @@ SandboxPlan make_plan(const SandboxConfig& config, const SandboxCgroup* cgroup) 
     return plan;
 }
 
-// Creates the sandbox's cgroup while the supervisor and init set the sandbox up, and sends init
+// Whether the sandbox's cgroup is decided before the sandbox starts. Finding it means reading the
+// mount table (a few hundred microseconds), so the plain root run does that while the supervisor
+// sets the sandbox up; options the cgroup may refuse are checked first, so that they fail before
+// any namespace exists, and --verbose names each limit's mechanism up front.
+bool cgroup_decided_first(const SandboxConfig& config) {
+    return !config.cgroup_parent.empty() || config.limits.cpus || config.verbose;
+}
+
+// Decides (unless decided first) and creates the sandbox's cgroup while the supervisor and init
+// set the sandbox up, and sends init
 // the files that move it in. A failure goes to init as text: init reports it (one line, 125).
-void hand_over_cgroup(SandboxCgroup* cgroup, int channel) {
+void hand_over_cgroup(const SandboxConfig& config, std::optional<SandboxCgroup>& cgroup,
+                      int channel) {
     std::vector<int> join_fds;
     char tag = 'c';
-    std::string error;
-    if (cgroup != nullptr) {
-        try {
+    std::string text;
+    try {
+        if (!cgroup_decided_first(config)) cgroup = SandboxCgroup::plan(config);
+        if (cgroup) {
             cgroup->create();
             join_fds = cgroup->join_fds();
-        } catch (const Error& e) {
-            tag = 'e';
-            error = e.what();
-            join_fds.clear();
+            text = cgroup_held_limits(*cgroup);
         }
+    } catch (const Error& e) {
+        tag = 'e';
+        text = e.what();
+        join_fds.clear();
     }
     try {
-        send_fd_message(channel, tag, error, join_fds, "cannot hand the cgroup to the sandbox");
+        send_fd_message(channel, tag, text, join_fds, "cannot hand the cgroup to the sandbox");
     } catch (const Error&) {
         // The sandbox is already gone; its report says why.
     }
@@ -251,9 +266,9 @@ RunResult run_sandbox(const SandboxConfig& config) {
     try {
         ImageSource image = open_image(config.image);
         if (image.kind == ImageSource::Kind::kSquashfs) check_fuse_device();
-        std::optional<SandboxCgroup> cgroup = SandboxCgroup::plan(config);
-        SandboxCgroup* cgroup_ptr = cgroup ? &*cgroup : nullptr;
-        SandboxPlan plan = make_plan(config, cgroup_ptr);
+        std::optional<SandboxCgroup> cgroup;
+        if (cgroup_decided_first(config)) cgroup = SandboxCgroup::plan(config);
+        SandboxPlan plan = make_plan(config, cgroup ? &*cgroup : nullptr);
         ImageWarmUpList warm_up_list(config, image, plan);
         Pipe report_pipe = make_pipe("supervisor report");
         auto [channel, init_channel] = make_message_channel("the sandbox's channel");
@@ -279,7 +294,7 @@ RunResult run_sandbox(const SandboxConfig& config) {
         report_pipe.write_end.reset();
         relay.close_child_ends();
         init_channel.reset();
-        hand_over_cgroup(cgroup_ptr, channel.get());
+        hand_over_cgroup(config, cgroup, channel.get());
 
         bool oom_killed = false;
         auto clean_up_cgroup = [&] {
@@ -298,7 +313,7 @@ RunResult run_sandbox(const SandboxConfig& config) {
         warm_up_list.save_learned();
         result.stdout_truncated = relay.stdout_truncated();
         result.stderr_truncated = relay.stderr_truncated();
-        result.limits = describe_limits(config.limits, cgroup_ptr);
+        result.limits = describe_limits(config.limits, cgroup ? &*cgroup : nullptr);
         result.landlock_abi = plan.landlock_abi;
         if (oom_killed) {
             result.oom_killed = true;

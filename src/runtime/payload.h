@@ -26,4 +26,15 @@ EnvironmentEntries build_payload_environment(const SandboxConfig& config,
 // controlling terminal and fds 0-2; -1 keeps stdio as it is.
 [[noreturn]] void exec_payload(const SandboxPlan& plan, int status_fd, int terminal_fd);
 
+// What init sends on `ready_fd` once the root is complete.
+inline constexpr char kRootReady = 'r';
+
+// The same for a payload started before the root is ready (SandboxPlan::payload_may_start_early):
+// while init still builds the root, it starts a new session, applies limits, drops every
+// privilege and installs the seccomp filter; then it waits for kRootReady on `ready_fd` (anything
+// else ends it quietly: init reports) and, in the final root, builds the environment, enters the
+// working directory, applies Landlock and executes the command. No terminal (--tty starts late).
+[[noreturn]] void exec_payload_once_root_ready(const SandboxPlan& plan, int status_fd,
+                                               int ready_fd);
+
 }  // namespace sqbox

@@ -50,15 +50,25 @@ void mask_proc(int root_fd, bool payload_is_host_root) {
                                           std::string("/proc/") + name);
         attach_mount(cover.get(), target.get(), std::string("/proc/") + name);
     }
+    // Each hidden directory is covered by a read-only bind of one empty directory of the
+    // sandbox's own tmpfs (a tmpfs of its own each would cost a superblock per directory).
+    const std::string empty = std::string(kSandboxDir) + "/proc-empty";
+    bool empty_made = false;
     for (const char* name : kHiddenDirectories) {
         struct stat info {};
         UniqueFd target = open_entry(proc.get(), name, info);
         if (!target || !S_ISDIR(info.st_mode)) continue;
-        UniqueFd empty = create_filesystem(
-            "tmpfs", {{"size", "4k"}, {"mode", "0555"}},
-            MountAttr::kReadOnly | MountAttr::kNoSuid | MountAttr::kNoDev | MountAttr::kNoExec,
-            std::string("/proc/") + name);
-        attach_mount(empty.get(), target.get(), std::string("/proc/") + name);
+        if (!empty_made) {
+            if (::mkdir(empty.c_str(), 0555) != 0) throw system_error("cannot create " + empty);
+            empty_made = true;
+        }
+        const std::string what = std::string("/proc/") + name;
+        UniqueFd cover = clone_mount_tree(AT_FDCWD, empty, false, what);
+        set_mount_attributes(
+            cover.get(),
+            MountAttr::kReadOnly | MountAttr::kNoSuid | MountAttr::kNoDev | MountAttr::kNoExec, 0,
+            false, what + " read-only");
+        attach_mount(cover.get(), target.get(), what);
     }
     for (const char* name : kReadOnly) {
         struct stat info {};

@@ -20,8 +20,14 @@ struct SandboxPlan {
     const SandboxConfig* config = nullptr;
     std::optional<SeccompFilter> seccomp;  // nullopt: --seccomp none
     int landlock_abi = 0;                  // 0: Landlock unavailable, not applied
-    ResourceLimits rlimits;                // what the payload applies with setrlimit(2)
-    int diagnostics_fd = -1;               // where sqbox's own messages go (stderr when -1)
+    // Init may start the payload while it still builds the root, so that the payload's own set-up
+    // (its process, dropping privileges, compiling the seccomp filter into the kernel) overlaps
+    // with that: the profile is one of sqbox's own, which allow every call the payload makes
+    // once its filter is in place (payload.h), or none. Init also needs a plain run: not pooled,
+    // no --tty.
+    bool payload_may_start_early = false;
+    ResourceLimits rlimits;   // what the payload applies with setrlimit(2)
+    int diagnostics_fd = -1;  // where sqbox's own messages go (stderr when -1)
     // The payload's stdin, stdout and stderr when they are not the process's own 0-2 (sqbox
     // serve starts sandboxes from a long-lived process): init moves them to 0-2 and closes every
     // other descriptor it did not get from this plan.

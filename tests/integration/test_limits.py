@@ -112,6 +112,19 @@ def test_pids_limit(sqbox, python_image, tmp_path):
     assert int(result.stdout.split()[-1]) < 8
 
 
+def test_the_payload_sees_its_own_cgroup_as_the_root(sqbox, busybox_image):
+    """The payload's process is started early (while init builds the root), but after init has
+    joined the sandbox's cgroup and made a cgroup namespace of it: the payload is in a cgroup
+    namespace of its own, where every hierarchy shows "/" and nothing of the caller's tree."""
+    result = sqbox.run(busybox_image, "sh", "-c",
+                       "readlink /proc/self/ns/cgroup; cat /proc/self/cgroup")
+    assert result.returncode == 0, result.stderr
+    namespace, *lines = result.stdout.split()
+    assert namespace.startswith("cgroup:[") and namespace != os.readlink("/proc/self/ns/cgroup")
+    assert lines, result.stdout
+    assert all(line.split(":", 2)[2] == "/" for line in lines), result.stdout
+
+
 def test_cpus_needs_a_cgroup(sqbox, busybox_image, tmp_path):
     result, data = run_with_record(sqbox, busybox_image, tmp_path, "true",
                                    options=["--cpus", "0.5"])

@@ -178,6 +178,28 @@ def test_mount_destination_through_a_symlink_is_refused(box, busybox_rootfs, hos
     assert list(source.iterdir()) == [source / "payload"]
 
 
+def test_nothing_runs_when_building_the_root_fails(box, busybox_rootfs, tmp_path):
+    """sqbox starts the payload's process while init still builds the root, so that its own
+    set-up (dropping privileges, loading the seccomp filter) overlaps with that. If building the
+    root fails, the command must still never run. Here a writable host directory is mounted, then
+    a refused mount (a destination through a symlink) fails the build; the command would leave a
+    file in the directory, and prints to stdout."""
+    rootfs = _hostile_rootfs(busybox_rootfs, tmp_path / "rootfs")
+    os.symlink("/", rootfs / "escape")
+    out = tmp_path / "out"
+    out.mkdir()
+    out.chmod(0o777)
+    source = tmp_path / "src"
+    source.mkdir()
+    for attempt in range(5):  # the payload's process and init race: try a few times
+        result = box.run(str(rootfs), "sh", "-c", "touch /out/ran; echo ran", options=[
+            "--mount", f"{out}:/out", "--mount", f"{source}:/escape/x"])
+        assert result.returncode == 125, result
+        assert result.stderr.count("\n") == 1 and "symlink" in result.stderr, result.stderr
+        assert result.stdout == "", attempt
+        assert list(out.iterdir()) == [], attempt
+
+
 @pytest.mark.parametrize("destination", ["/../../../../MARKER", "/tmp/../../../MARKER",
                                          "/dev/../../MARKER"])
 def test_mount_destination_with_dotdot_stays_inside(box, tmp_path, marker, destination):

@@ -9,7 +9,8 @@ MASKED = ["/proc/kcore", "/proc/keys", "/proc/key-users", "/proc/timer_list",
 
 
 def test_sensitive_proc_files_are_masked(box):
-    """Each is absent, empty, or unreadable: never the host's content."""
+    """Each is absent, empty, or unreadable: never the host's content. A masked directory cannot
+    be filled in either (it is read-only, even for uid 0 with --root)."""
     result, res = box.py_results("""
         for path in sys.argv[2:]:
             if os.path.isdir(path):
@@ -17,6 +18,7 @@ def test_sensitive_proc_files_are_masked(box):
                     RESULTS[path] = os.listdir(path)
                 except OSError as e:
                     RESULTS[path] = ename(e.errno)
+                attempt(path + "/created", os.mkdir, path + "/created")
                 continue
             try:
                 with open(path, "rb") as f:
@@ -27,6 +29,8 @@ def test_sensitive_proc_files_are_masked(box):
     """, *MASKED)
     for path in MASKED:
         assert res[path] in (0, [], "ENOENT", "EACCES", "EPERM"), (path, res[path])
+        if path + "/created" in res:
+            assert res[path + "/created"] in ("EROFS", "EACCES", "EPERM"), res
 
 
 def test_kallsyms_reveals_no_kernel_addresses(box):

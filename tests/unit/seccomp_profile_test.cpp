@@ -209,6 +209,25 @@ TEST(SeccompProfile, StrictAlsoDeniesNetworkAndPtrace) {
     EXPECT_EQ(answer(filter, SYS_read), kAllow);
 }
 
+// A payload started before the root is ready installs its filter first (payload.h,
+// exec_payload_once_root_ready), so every call it makes afterwards must pass sqbox's own profiles:
+// waiting for init, reading the image's /etc/environment, entering the working directory,
+// Landlock, marking descriptors close-on-exec, reporting a failure, and the exec itself.
+TEST(SeccompProfile, BuiltinsAllowWhatAPayloadStartedEarlyDoesAfterItsFilter) {
+    for (const char* name : {"default", "strict"}) {
+        SCOPED_TRACE(name);
+        SeccompFilter filter = compiled_builtin(name);
+        for (int nr : {SYS_read, SYS_write, SYS_close, SYS_openat, SYS_fstat, SYS_newfstatat,
+                       SYS_chdir, SYS_mmap, SYS_munmap, SYS_brk, SYS_landlock_create_ruleset,
+                       SYS_landlock_add_rule, SYS_landlock_restrict_self, SYS_close_range,
+                       SYS_access, SYS_faccessat, SYS_faccessat2, SYS_execve, SYS_exit_group}) {
+            EXPECT_EQ(answer(filter, nr), kAllow) << "system call " << nr;
+        }
+        // setrlimit is prlimit64 on the calling process (pid 0).
+        EXPECT_EQ(answer(filter, SYS_prlimit64, {0}), kAllow);
+    }
+}
+
 // default.json must be at least as tight as Docker's default for a payload without capabilities:
 // nothing it allows may be refused by Docker's profile.
 TEST(SeccompProfile, DefaultIsAtLeastAsTightAsDockers) {
