@@ -20,7 +20,6 @@
 #include "runtime/stage_report.h"
 #include "runtime/stdio_relay.h"
 #include "runtime/supervisor.h"
-#include "security/builtin_profiles.h"
 #include "security/landlock.h"
 #include "security/seccomp_choice.h"
 #include "sqbox/sandbox.h"
@@ -102,8 +101,7 @@ SandboxPlan make_plan(const SandboxConfig& config, const SandboxCgroup* cgroup) 
     plan.config = &config;
     plan.seccomp = prepare_seccomp(config.seccomp_profile);
     plan.landlock_abi = landlock_abi_version();
-    plan.payload_may_start_early = config.seccomp_profile == "none" ||
-                                   find_builtin_seccomp_profile(config.seccomp_profile) != nullptr;
+    plan.payload_may_start_early = allows_early_payload_start(config.seccomp_profile);
     // Init drops the ones the sandbox's cgroup holds when it joins (hand_over_cgroup).
     plan.rlimits = config.limits;
     if (config.limits.cpus && (cgroup == nullptr || !cgroup->limits_cpu())) {
