@@ -31,14 +31,18 @@ struct MountEntry {
     std::string super_options;
 };
 
-// The whole of a small kernel-generated file (/proc/self/...), read with plain syscalls: this is
-// on every root run's path to the sandbox, and iostreams cost more than the kernel does here.
-// Empty if it cannot be read: without /proc there is no cgroup to find, not an error.
-std::string read_proc_file(const char* path) {
-    UniqueFd fd(::open(path, O_RDONLY | O_CLOEXEC));
+// A cgroup file's or a small /proc file's contents without the trailing newline, read with plain
+// system calls (this is on every root run's path); empty if it cannot be read: without /proc
+// there is no cgroup to find, not an error.
+std::string read_text(const std::string& path) {
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
     if (!fd) return {};
     try {
-        return read_all(fd.get(), path);
+        std::string text = read_all(fd.get(), path);
+        while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) {
+            text.pop_back();
+        }
+        return text;
     } catch (const Error&) {
         return {};
     }
@@ -86,7 +90,7 @@ std::string unescape_mount_path(std::string_view escaped) {
 }
 
 std::vector<MountEntry> read_mounts() {
-    const std::string text = read_proc_file("/proc/self/mountinfo");
+    const std::string text = read_text("/proc/self/mountinfo");
     std::vector<MountEntry> mounts;
     for_each_line(text, [&mounts](std::string_view line) {
         // "ID PARENT MAJ:MIN ROOT POINT OPTS [OPTIONAL...] - FSTYPE SOURCE SUPER_OPTS"
@@ -132,21 +136,6 @@ bool has_words(std::string_view list, std::initializer_list<const char*> words) 
         if (std::find(present.begin(), present.end(), word) == present.end()) return false;
     }
     return true;
-}
-
-// A cgroup file's contents without the trailing newline; empty if it cannot be read.
-std::string read_text(const std::string& path) {
-    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!fd) return {};
-    try {
-        std::string text = read_all(fd.get(), path);
-        while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) {
-            text.pop_back();
-        }
-        return text;
-    } catch (const Error&) {
-        return {};
-    }
 }
 
 void write_text(const std::string& path, const std::string& value) {
@@ -237,7 +226,7 @@ std::optional<SandboxCgroup> SandboxCgroup::plan(const SandboxConfig& config) {
         cgroup.cpu_ = limits.cpus.has_value();
     } else if (::geteuid() == 0) {
         // cgroup v1, one hierarchy per controller.
-        const std::string proc_cgroup = read_proc_file("/proc/self/cgroup");
+        const std::string proc_cgroup = read_text("/proc/self/cgroup");
         for (const char* controller : {"memory", "pids", "cpu"}) {
             const std::string name = controller;
             if (name == "cpu" && !limits.cpus) continue;

@@ -140,8 +140,8 @@ bool cgroup_decided_first(const SandboxConfig& config) {
 }
 
 // Decides (unless decided first) and creates the sandbox's cgroup while the supervisor and init
-// set the sandbox up, and sends init
-// the files that move it in. A failure goes to init as text: init reports it (one line, 125).
+// set the sandbox up, and sends init the files that move it in, with the limits it holds. A
+// failure goes to init as text: init reports it (one line, 125).
 void hand_over_cgroup(const SandboxConfig& config, std::optional<SandboxCgroup>& cgroup,
                       int channel) {
     std::vector<int> join_fds;

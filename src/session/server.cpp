@@ -649,8 +649,7 @@ class Server {
             if (job.cgroup) {
                 job.cgroup->create();
                 join_fds = job.cgroup->join_fds();
-                if (job.cgroup->limits_memory()) rlimits.memory_bytes.reset();
-                if (job.cgroup->limits_processes()) rlimits.processes.reset();
+                drop_limits_held_by_cgroup(cgroup_held_limits(*job.cgroup), rlimits);
             }
             if (config.limits.cpus && (!job.cgroup || !job.cgroup->limits_cpu())) {
                 throw Error("cpus needs a cgroup with the cpu controller");
