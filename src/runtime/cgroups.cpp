@@ -257,7 +257,6 @@ void SandboxCgroup::create() {
     const ResourceLimits& limits = limits_;
     const std::string name = unique_name();
     for (auto& directory : directories_) {
-        remove_stale_siblings(directory.parent);
         const std::string path = directory.parent + "/" + name;
         if (::mkdir(path.c_str(), 0755) != 0) throw system_error("cannot create cgroup " + path);
         directory.path = path;
@@ -307,6 +306,8 @@ void SandboxCgroup::remove() noexcept {
             if (errno != EBUSY) break;
             std::this_thread::sleep_for(std::chrono::milliseconds(2));
         }
+        // Here rather than at creation: the sandbox is gone, and this is off its start.
+        remove_stale_siblings(directory.parent);
     }
     directories_.clear();
 }

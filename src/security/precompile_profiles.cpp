@@ -34,7 +34,8 @@ void write_profile(std::ostream& out, const std::string& name, const std::string
         }
     }
     // No capabilities: the payload never has any. The kernel version is irrelevant (no minKernel).
-    sqbox::SeccompFilter filter = sqbox::compile_seccomp_filter(profile, sqbox::SeccompTarget{});
+    sqbox::SeccompFilter filter =
+        sqbox::compile_compact_seccomp_filter(profile, sqbox::SeccompTarget{});
     if (!filter.unknown_syscalls.empty()) {
         const auto& unknown = filter.unknown_syscalls.front();
         throw sqbox::Error(path + ":" + std::to_string(unknown.line) + ": unknown system call '" +

@@ -12,14 +12,22 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <memory>
+#include <optional>
+#include <set>
 
+#include "security/seccomp_bpf_eval.h"
+#include "security/seccomp_range_dispatch.h"
 #include "util/files.h"
 
 namespace sqbox {
 namespace {
 
 using FilterContext = std::unique_ptr<void, decltype(&::seccomp_release)>;
+
+constexpr uint32_t kBadArchitectureAction = SCMP_ACT_ERRNO(ENOSYS);
 
 // Docker's profiles name architectures in "includes"/"excludes" the way Go does.
 std::string go_architecture_name(uint32_t arch) {
@@ -77,13 +85,15 @@ bool rule_applies(const SeccompRule& rule, const SeccompTarget& target, const st
     return true;
 }
 
-void add_architecture(void* context, const std::string& name, const std::string& origin) {
+// Returns the architecture's token.
+uint32_t add_architecture(void* context, const std::string& name, const std::string& origin) {
     const uint32_t token = ::seccomp_arch_resolve_name(name.c_str());
     const int rc = ::seccomp_arch_add(context, token);
     if (rc != 0 && rc != -EEXIST) {
         throw SeccompProfileError(origin + ": cannot add architecture " + name + ": " +
                                   std::strerror(-rc));
     }
+    return token;
 }
 
 // Conditions of one rule as libseccomp rules: all together (AND), unless several test the same
@@ -130,64 +140,239 @@ SeccompTarget sandbox_seccomp_target() {
     return target;
 }
 
-SeccompFilter compile_seccomp_filter(const SeccompProfile& profile, const SeccompTarget& target) {
-    const uint32_t default_action = profile.default_action.libseccomp_action;
+namespace {
+
+// A rule's system call as libseccomp numbers it on this architecture.
+struct ResolvedName {
+    const SeccompRule* rule = nullptr;
+    int number = 0;
+    int line = 0;
+    std::string name;
+};
+
+// The rules that apply to `target`, one entry per known system call they name; names libseccomp
+// does not know go to `unknown`.
+std::vector<ResolvedName> resolve_rules(const SeccompProfile& profile, const SeccompTarget& target,
+                                        std::vector<UnknownSyscall>& unknown) {
+    std::vector<ResolvedName> resolved;
+    const std::string arch = go_architecture_name(::seccomp_arch_native());
+    for (const auto& rule : profile.rules) {
+        if (!rule_applies(rule, target, arch)) continue;
+        for (size_t i = 0; i < rule.names.size(); ++i) {
+            const std::string& name = rule.names[i];
+            const int line = i < rule.name_lines.size() ? rule.name_lines[i] : rule.line;
+            const int number = ::seccomp_syscall_resolve_name(name.c_str());
+            if (number == __NR_SCMP_ERROR) {
+                unknown.push_back({name, line});
+                continue;
+            }
+            resolved.push_back({&rule, number, line, name});
+        }
+    }
+    return resolved;
+}
+
+// A libseccomp filter of the profile's architectures answering `default_action` to what no rule
+// matches; `only` picks the calls whose rules go in (all by default). Rules whose action is the
+// profile's default are left out: they change nothing (and libseccomp refuses them). Sets
+// `single_architecture` to whether the filter covers the native architecture alone.
+FilterContext build_context(const SeccompProfile& profile,
+                            const std::vector<ResolvedName>& resolved, uint32_t default_action,
+                            const std::function<bool(int)>& only, size_t& rules_applied,
+                            bool& single_architecture) {
     FilterContext context(::seccomp_init(default_action), ::seccomp_release);
     if (!context) {
         throw SeccompProfileError(profile.origin + ": libseccomp refused the default action");
     }
     // A call from an architecture the profile does not cover fails like an unknown call: the
     // payload gets ENOSYS instead of being killed without a word.
-    if (::seccomp_attr_set(context.get(), SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_ERRNO(ENOSYS)) != 0 ||
+    if (::seccomp_attr_set(context.get(), SCMP_FLTATR_ACT_BADARCH, kBadArchitectureAction) != 0 ||
         ::seccomp_attr_set(context.get(), SCMP_FLTATR_CTL_NNP, 0) != 0 ||
         ::seccomp_attr_set(context.get(), SCMP_FLTATR_CTL_OPTIMIZE, 2) != 0) {
         throw Error("cannot configure libseccomp");
     }
 
     const uint32_t native = ::seccomp_arch_native();
+    single_architecture = true;
+    auto add = [&](const std::string& name) {
+        single_architecture =
+            add_architecture(context.get(), name, profile.origin) == native && single_architecture;
+    };
     for (const auto& mapping : profile.arch_map) {
         if (::seccomp_arch_resolve_name(mapping.architecture.c_str()) != native) continue;
-        for (const auto& sub : mapping.sub_architectures) {
-            add_architecture(context.get(), sub, profile.origin);
-        }
+        for (const auto& sub : mapping.sub_architectures) add(sub);
     }
-    for (const auto& arch : profile.architectures) {
-        add_architecture(context.get(), arch, profile.origin);
-    }
+    for (const auto& arch : profile.architectures) add(arch);
 
-    SeccompFilter filter;
-    const std::string arch = go_architecture_name(native);
-    for (const auto& rule : profile.rules) {
-        if (!rule_applies(rule, target, arch)) continue;
-        const uint32_t action = rule.action.libseccomp_action;
-        for (size_t i = 0; i < rule.names.size(); ++i) {
-            const std::string& name = rule.names[i];
-            const int line = i < rule.name_lines.size() ? rule.name_lines[i] : rule.line;
-            const int number = ::seccomp_syscall_resolve_name(name.c_str());
-            if (number == __NR_SCMP_ERROR) {
-                filter.unknown_syscalls.push_back({name, line});
-                continue;
+    rules_applied = 0;
+    for (const ResolvedName& entry : resolved) {
+        const uint32_t action = entry.rule->action.libseccomp_action;
+        if (action == profile.default_action.libseccomp_action || !only(entry.number)) continue;
+        for (const auto& conditions : condition_sets(*entry.rule)) {
+            const int rc = ::seccomp_rule_add_array(context.get(), action, entry.number,
+                                                    static_cast<unsigned>(conditions.size()),
+                                                    conditions.data());
+            if (rc != 0) {
+                throw SeccompProfileError(profile.origin + ":" + std::to_string(entry.line) +
+                                          ": libseccomp rejects the rule for " + entry.name + ": " +
+                                          std::strerror(-rc));
             }
-            if (action == default_action) continue;  // already what happens; libseccomp refuses
-            for (const auto& conditions : condition_sets(rule)) {
-                const int rc = ::seccomp_rule_add_array(context.get(), action, number,
-                                                        static_cast<unsigned>(conditions.size()),
-                                                        conditions.data());
-                if (rc != 0) {
-                    throw SeccompProfileError(profile.origin + ":" + std::to_string(line) +
-                                              ": libseccomp rejects the rule for " + name + ": " +
-                                              std::strerror(-rc));
+            ++rules_applied;
+        }
+    }
+    return context;
+}
+
+unsigned filter_flags(const SeccompProfile& profile) {
+    unsigned flags = 0;
+    for (const auto& flag : profile.flags) {
+        if (flag == "SECCOMP_FILTER_FLAG_LOG") flags |= SECCOMP_FILTER_FLAG_LOG;
+        if (flag == "SECCOMP_FILTER_FLAG_SPEC_ALLOW") flags |= SECCOMP_FILTER_FLAG_SPEC_ALLOW;
+    }
+    return flags;
+}
+
+// The calls on which `compact` must answer as `reference` does: every number up to 1023 and the
+// same with the x32 bit, a few extremes, from several architectures; for the calls whose
+// arguments are checked, also arguments at, around and between the rules' values.
+std::vector<SyscallCall> probe_calls(const std::vector<ResolvedName>& resolved,
+                                     const std::set<int>& conditional) {
+    std::vector<SyscallCall> calls;
+    const uint32_t archs[] = {::seccomp_arch_native(), AUDIT_ARCH_X86_64, AUDIT_ARCH_I386,
+                              AUDIT_ARCH_AARCH64,      AUDIT_ARCH_ARM,    0};
+    std::vector<int> numbers;
+    for (int nr = 0; nr < 1024; ++nr) {
+        numbers.push_back(nr);
+        numbers.push_back(static_cast<int>(0x40000000U | static_cast<uint32_t>(nr)));
+    }
+    for (uint32_t extreme : {0x3fffffffU, 0x7fffffffU, 0x80000000U, 0xfffffffeU, 0xffffffffU}) {
+        numbers.push_back(static_cast<int>(extreme));
+    }
+    for (uint32_t arch : archs) {
+        for (int nr : numbers) calls.push_back({nr, arch, {}});
+    }
+    // Per argument, the values the rules compare it with and their neighbours.
+    std::map<int, std::array<std::vector<uint64_t>, 6>> interesting;
+    for (const ResolvedName& entry : resolved) {
+        if (conditional.count(entry.number) == 0) continue;
+        auto& values = interesting[entry.number];
+        for (const auto& arg : entry.rule->args) {
+            for (uint64_t v : {arg.value, arg.value_two}) {
+                for (uint64_t near : {v, v - 1, v + 1, ~v, v | (uint64_t{1} << 32), v & 0xffffffffU,
+                                      v ^ arg.value_two, v & arg.value_two}) {
+                    values[arg.index].push_back(near);
                 }
-                ++filter.rules_applied;
             }
         }
     }
-    filter.program = export_program(context.get());
-    for (const auto& flag : profile.flags) {
-        if (flag == "SECCOMP_FILTER_FLAG_LOG") filter.flags |= SECCOMP_FILTER_FLAG_LOG;
-        if (flag == "SECCOMP_FILTER_FLAG_SPEC_ALLOW") {
-            filter.flags |= SECCOMP_FILTER_FLAG_SPEC_ALLOW;
+    uint64_t state = 0x9e3779b97f4a7c15U;  // a fixed sequence: the check is reproducible
+    auto next_random = [&state] {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        return state;
+    };
+    for (auto& [nr, values] : interesting) {
+        for (auto& list : values) {
+            for (uint64_t v : {uint64_t{0}, ~uint64_t{0}, uint64_t{0xffffffff}}) list.push_back(v);
         }
+        for (unsigned index = 0; index < 6; ++index) {
+            for (uint64_t v : values[index]) {
+                SyscallCall call{nr, ::seccomp_arch_native(), {}};
+                call.args[index] = v;
+                calls.push_back(call);
+            }
+        }
+        for (int i = 0; i < 2000; ++i) {
+            SyscallCall call{nr, ::seccomp_arch_native(), {}};
+            for (unsigned index = 0; index < 6; ++index) {
+                const auto& list = values[index];
+                const uint64_t pick = next_random();
+                call.args[index] = (pick & 3) == 0 ? next_random() : list[pick % list.size()];
+            }
+            calls.push_back(call);
+        }
+    }
+    return calls;
+}
+
+// Whether `compact` answers every probe as `reference` does, and the kernel can still answer
+// without running it every call `reference` lets it (its action cache).
+bool answers_alike(const std::vector<sock_filter>& reference,
+                   const std::vector<sock_filter>& compact,
+                   const std::vector<SyscallCall>& probes) {
+    try {
+        for (const SyscallCall& call : probes) {
+            if (evaluate_seccomp(reference, call) != evaluate_seccomp(compact, call)) return false;
+            const bool args_zero = std::all_of(call.args.begin(), call.args.end(),
+                                               [](uint64_t arg) { return arg == 0; });
+            if (args_zero &&
+                constant_seccomp_answer(reference, call.nr, call.arch) ==
+                    std::optional<uint32_t>(SECCOMP_RET_ALLOW) &&
+                constant_seccomp_answer(compact, call.nr, call.arch) !=
+                    std::optional<uint32_t>(SECCOMP_RET_ALLOW)) {
+                return false;
+            }
+        }
+    } catch (const Error&) {
+        return false;
+    }
+    return true;
+}
+
+}  // namespace
+
+SeccompFilter compile_seccomp_filter(const SeccompProfile& profile, const SeccompTarget& target) {
+    SeccompFilter filter;
+    const std::vector<ResolvedName> resolved =
+        resolve_rules(profile, target, filter.unknown_syscalls);
+    bool single_architecture = false;
+    FilterContext context = build_context(
+        profile, resolved, profile.default_action.libseccomp_action, [](int) { return true; },
+        filter.rules_applied, single_architecture);
+    filter.program = export_program(context.get());
+    filter.flags = filter_flags(profile);
+    return filter;
+}
+
+SeccompFilter compile_compact_seccomp_filter(const SeccompProfile& profile,
+                                             const SeccompTarget& target) {
+    SeccompFilter filter = compile_seccomp_filter(profile, target);
+    std::vector<UnknownSyscall> unknown;
+    const std::vector<ResolvedName> resolved = resolve_rules(profile, target, unknown);
+    const uint32_t default_action = profile.default_action.libseccomp_action;
+    std::set<int> conditional;
+    std::set<uint32_t> actions = {default_action, kBadArchitectureAction};
+    for (const ResolvedName& entry : resolved) {
+        actions.insert(entry.rule->action.libseccomp_action);
+        if (!entry.rule->args.empty() && entry.rule->action.libseccomp_action != default_action) {
+            conditional.insert(entry.number);
+        }
+    }
+    // What the conditional part answers where it has no rule: a value no rule uses.
+    uint32_t sentinel = SCMP_ACT_TRACE(0x5b0c);
+    while (actions.count(sentinel) != 0) ++sentinel;
+
+    RangeDispatchParts parts;
+    parts.sentinel = sentinel;
+    parts.default_answer = default_action;
+    size_t rules_in_part = 0;
+    bool single_architecture = false;
+    FilterContext context = build_context(
+        profile, resolved, sentinel, [&](int nr) { return conditional.count(nr) != 0; },
+        rules_in_part, single_architecture);
+    if (!single_architecture) return filter;  // numbers differ between architectures
+    parts.conditional = export_program(context.get());
+    for (const ResolvedName& entry : resolved) {
+        if (conditional.count(entry.number) != 0 || entry.number < 0) continue;
+        // Rules without conditions: the answer does not depend on the arguments.
+        parts.plain_answers[static_cast<uint32_t>(entry.number)] = evaluate_seccomp(
+            filter.program, SyscallCall{entry.number, ::seccomp_arch_native(), {}});
+    }
+    std::optional<std::vector<sock_filter>> compact = build_range_dispatch(parts);
+    if (compact && compact->size() < filter.program.size() &&
+        answers_alike(filter.program, *compact, probe_calls(resolved, conditional))) {
+        filter.program = std::move(*compact);
     }
     return filter;
 }

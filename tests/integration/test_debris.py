@@ -157,3 +157,30 @@ def test_after_kill_9_of_the_supervisor(sqbox, busybox_image, token):
     assert proc.returncode == 125
     assert "supervisor died unexpectedly" in err
     assert_clean(before, token, wait=10.0)
+
+
+def sandbox_cgroups_of(launcher_pid):
+    """The cgroup directories sqbox made for the run of `launcher_pid` (sqbox-PID-RANDOM)."""
+    found = []
+    for top, dirs, _ in os.walk("/sys/fs/cgroup"):
+        found += [os.path.join(top, d) for d in dirs if d.startswith(f"sqbox-{launcher_pid}-")]
+        dirs[:] = [d for d in dirs if not d.startswith("sqbox-")]
+    return found
+
+
+def test_a_cgroup_left_by_kill_9_of_sqbox_is_removed_by_the_next_run(sqbox, busybox_image, token):
+    if os.geteuid() != 0:
+        pytest.skip("needs root: an ordinary user's sandbox gets a cgroup only with --cgroup")
+    proc = sqbox.popen(busybox_image, "sh", "-c", "echo ready; sleep 1000", token,
+                       stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"
+    pids = processes_with(token)
+    left = sandbox_cgroups_of(proc.pid)
+    assert left, "the root run made no cgroup"
+    proc.kill()
+    proc.wait(timeout=10)
+    assert_gone(pids, wait=10.0)
+    assert all(os.path.isdir(path) for path in left)  # nobody was left to remove them
+    result = sqbox.run(busybox_image, "true")
+    assert result.returncode == 0, result.stderr
+    assert [path for path in left if os.path.exists(path)] == []
