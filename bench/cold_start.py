@@ -12,6 +12,7 @@ See bench/README.md for how to read the output.
 
 import argparse
 import json
+import math
 import os
 import pwd
 import select
@@ -131,6 +132,31 @@ def measure(rows, rounds):
     return samples
 
 
+def measure_pairs(rows, rounds):
+    """Only the two rows of --hardening-switch, back to back, for many rounds: a sub-millisecond
+    difference needs thousands of pairs here. Which goes first alternates."""
+    switch_rows = [row for row in rows if row[0] in (HARDENED_ROW, UNHARDENED_ROW)]
+    samples = {name: [] for name, _, _ in switch_rows}
+    for r in range(WARMUP_ROUNDS + rounds):
+        for name, argv, env in (switch_rows if r % 2 == 0 else switch_rows[::-1]):
+            ms = time_once(argv, env)
+            if r >= WARMUP_ROUNDS:
+                samples[name].append(ms)
+    return samples
+
+
+def median_with_interval(values):
+    """The median and a 95 % confidence interval for it: the order statistics the binomial
+    distribution puts 1.96 standard deviations either side of the middle (no assumption about
+    the samples' distribution)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    half_width = 1.96 * math.sqrt(n) / 2
+    low = max(0, math.floor(n / 2 - half_width))
+    high = min(n - 1, math.ceil(n / 2 + half_width) - 1)
+    return statistics.median(ordered), ordered[low], ordered[high]
+
+
 def summarize(values):
     dec = statistics.quantiles(values, n=10, method="inclusive")
     return {"median": statistics.median(values), "p10": dec[0], "p90": dec[8]}
@@ -232,10 +258,16 @@ def main():
     ap.add_argument("--hardening-switch", metavar="SQBOX",
                     help="a build with bench/hardening-switch.patch: measure it with and without "
                          "its hardening in the same rounds, and print what the hardening costs")
+    ap.add_argument("--switch-rounds", type=int, default=0, metavar="N",
+                    help="with --hardening-switch: N more rounds of only its two rows, whose "
+                         "pairs join the hardening figure (single pairs differ by about 9 ms "
+                         "here, so 2000 pairs still leave an interval of about +-0.5 ms)")
     args = ap.parse_args()
 
     if args.rounds < 2:
         die("--rounds must be at least 2")
+    if args.switch_rounds and not args.hardening_switch:
+        die("--switch-rounds needs --hardening-switch")
     if args.as_user and os.geteuid() != 0:
         die("--as-user needs root (runuser)")
     sqbox = os.path.abspath(args.sqbox)
@@ -252,6 +284,7 @@ def main():
                   for kind in ("sqsh", "dir", "no-warm-up", "compare", "switch", "rss")}
         rows = commands(sqbox, image, rootfs, args.as_user, caches, compare, switch)
         samples = measure(rows, args.rounds)
+        extra_pairs = measure_pairs(rows, args.switch_rounds) if args.switch_rounds else None
         # A first run (its cache directory is empty): peak memory includes unpacking the files
         # of the image's warm-up list, if it has one.
         rss, pids = measure_rss(sqbox, image, args.as_user, caches["rss"])
@@ -286,16 +319,23 @@ def main():
         # Per round, the two rows ran back to back: the median of their differences is less
         # noisy than the difference of the medians (both are printed).
         paired = [on - off for on, off in zip(samples[HARDENED_ROW], samples[UNHARDENED_ROW])]
+        if extra_pairs:
+            paired += [on - off for on, off in
+                       zip(extra_pairs[HARDENED_ROW], extra_pairs[UNHARDENED_ROW])]
+        median, low, high = median_with_interval(paired)
         hardening = {
-            "paired_median_ms": statistics.median(paired),
+            "pairs": len(paired),
+            "paired_median_ms": median,
+            "paired_median_interval_95_ms": [low, high],
             "paired_mean_ms": statistics.mean(paired),
             "difference_of_medians_ms":
                 stats[HARDENED_ROW]["median"] - stats[UNHARDENED_ROW]["median"],
         }
-        print(f"hardening cost (switch build, with minus without): "
-              f"{hardening['paired_median_ms']:.2f} ms median of per-round differences "
-              f"(mean {hardening['paired_mean_ms']:.2f}), "
-              f"{hardening['difference_of_medians_ms']:.2f} ms difference of medians")
+        print(f"hardening cost (switch build, with minus without, {len(paired)} pairs): "
+              f"{median:.2f} ms median of per-round differences (95 % interval {low:.2f} to "
+              f"{high:.2f}; mean {hardening['paired_mean_ms']:.2f}), "
+              f"{hardening['difference_of_medians_ms']:.2f} ms difference of medians of the "
+              f"{args.rounds} interleaved rounds")
     print()
 
     own = rss["supervisor"] + rss["fuse_server"]
@@ -319,6 +359,8 @@ def main():
                 "sqbox_no_warm_up_x_native": stats[sq_cold]["x_native"],
                 "sqbox_no_warm_up_x_bwrap": stats[sq_cold]["x_bwrap"],
                 "hardening_cost": hardening,
+                "switch_rounds": args.switch_rounds,
+                "switch_pairs_ms": extra_pairs,
                 "rss_kb": rss, "rss_pids": pids,
                 "supervisor_plus_fuse_kb": own, "rss_target_kb": RSS_TARGET_KB,
             }, f, indent=2)
