@@ -87,7 +87,8 @@ uint32_t evaluate_seccomp(std::span<const sock_filter> program, const SyscallCal
         switch (BPF_CLASS(insn.code)) {
             case BPF_LD:
                 if (BPF_MODE(insn.code) == BPF_ABS && BPF_SIZE(insn.code) == BPF_W) {
-                    if (insn.k % 4 != 0 || insn.k + 4 > sizeof data) {
+                    // (k + 4 could wrap around.)
+                    if (insn.k % 4 != 0 || insn.k > sizeof data - 4) {
                         throw Error("seccomp program loads outside seccomp_data");
                     }
                     std::memcpy(&a, bytes + insn.k, 4);

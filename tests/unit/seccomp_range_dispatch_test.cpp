@@ -8,6 +8,7 @@
 
 #include "security/seccomp_bpf_eval.h"
 #include "security/seccomp_range_dispatch.h"
+#include "util/errors.h"
 
 namespace sqbox {
 namespace {
@@ -92,6 +93,23 @@ TEST(SeccompRangeDispatch, RefusesWhatItCannotBuildRatherThanBuildingItWrong) {
     parts.sentinel = kSentinel;
     for (uint32_t nr = 0; nr < 2000; ++nr) parts.plain_answers[nr] = nr % 2 == 0 ? kAllow : kRefuse;
     EXPECT_FALSE(build_range_dispatch(parts).has_value());
+}
+
+// The evaluator refuses what the kernel's verifier would: a load past seccomp_data (k + 4 must not
+// wrap around to pass the check), a jump past the end, a program without an answer.
+TEST(SeccompBpfEval, RefusesProgramsTheKernelWouldNotRun) {
+    for (uint32_t offset : {64U, 0xfffffffcU, 2U}) {
+        const std::vector<sock_filter> program = {BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offset),
+                                                  BPF_STMT(BPF_RET | BPF_K, kAllow)};
+        EXPECT_THROW((void)answer(program, 0), Error) << "offset " << offset;
+    }
+    EXPECT_THROW(
+        (void)answer({BPF_JUMP(BPF_JMP | BPF_JA, 5, 0, 0), BPF_STMT(BPF_RET | BPF_K, 0)}, 0),
+        Error);
+    EXPECT_THROW((void)answer({BPF_STMT(BPF_LD | BPF_W | BPF_ABS, 0)}, 0), Error);
+    // The last word of seccomp_data is still readable.
+    EXPECT_EQ(answer({BPF_STMT(BPF_LD | BPF_W | BPF_ABS, 60), BPF_STMT(BPF_RET | BPF_A, 0)}, 0),
+              0U);
 }
 
 }  // namespace
