@@ -266,6 +266,8 @@ def main():
 
     if args.rounds < 2:
         die("--rounds must be at least 2")
+    if args.switch_rounds < 0:
+        die("--switch-rounds must be 0 or more")
     if args.switch_rounds and not args.hardening_switch:
         die("--switch-rounds needs --hardening-switch")
     if args.as_user and os.geteuid() != 0:

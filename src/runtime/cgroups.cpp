@@ -13,7 +13,6 @@
 #include <cmath>
 #include <csignal>
 #include <cstring>
-#include <iterator>
 #include <thread>
 
 #include "util/errors.h"

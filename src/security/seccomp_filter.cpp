@@ -174,29 +174,35 @@ std::vector<ResolvedName> resolve_rules(const SeccompProfile& profile, const Sec
 
 // A libseccomp filter of the profile's architectures answering `default_action` to what no rule
 // matches; `only` picks the calls whose rules go in (all by default). Rules whose action is the
-// profile's default are left out: they change nothing (and libseccomp refuses them). Sets
-// `single_architecture` to whether the filter covers the native architecture alone.
-FilterContext build_context(const SeccompProfile& profile,
-                            const std::vector<ResolvedName>& resolved, uint32_t default_action,
-                            const std::function<bool(int)>& only, size_t& rules_applied,
-                            bool& single_architecture) {
-    FilterContext context(::seccomp_init(default_action), ::seccomp_release);
-    if (!context) {
+// profile's default are left out: they change nothing (and libseccomp refuses them).
+// `single_architecture` says whether the filter covers the native architecture alone.
+struct BuiltContext {
+    FilterContext context{nullptr, ::seccomp_release};
+    size_t rules_applied = 0;
+    bool single_architecture = true;
+};
+
+BuiltContext build_context(const SeccompProfile& profile, const std::vector<ResolvedName>& resolved,
+                           uint32_t default_action, const std::function<bool(int)>& only) {
+    BuiltContext built;
+    built.context.reset(::seccomp_init(default_action));
+    void* const context = built.context.get();
+    if (context == nullptr) {
         throw SeccompProfileError(profile.origin + ": libseccomp refused the default action");
     }
     // A call from an architecture the profile does not cover fails like an unknown call: the
     // payload gets ENOSYS instead of being killed without a word.
-    if (::seccomp_attr_set(context.get(), SCMP_FLTATR_ACT_BADARCH, kBadArchitectureAction) != 0 ||
-        ::seccomp_attr_set(context.get(), SCMP_FLTATR_CTL_NNP, 0) != 0 ||
-        ::seccomp_attr_set(context.get(), SCMP_FLTATR_CTL_OPTIMIZE, 2) != 0) {
+    if (::seccomp_attr_set(context, SCMP_FLTATR_ACT_BADARCH, kBadArchitectureAction) != 0 ||
+        ::seccomp_attr_set(context, SCMP_FLTATR_CTL_NNP, 0) != 0 ||
+        ::seccomp_attr_set(context, SCMP_FLTATR_CTL_OPTIMIZE, 2) != 0) {
         throw Error("cannot configure libseccomp");
     }
 
     const uint32_t native = ::seccomp_arch_native();
-    single_architecture = true;
     auto add = [&](const std::string& name) {
-        single_architecture =
-            add_architecture(context.get(), name, profile.origin) == native && single_architecture;
+        if (add_architecture(context, name, profile.origin) != native) {
+            built.single_architecture = false;
+        }
     };
     for (const auto& mapping : profile.arch_map) {
         if (::seccomp_arch_resolve_name(mapping.architecture.c_str()) != native) continue;
@@ -204,12 +210,11 @@ FilterContext build_context(const SeccompProfile& profile,
     }
     for (const auto& arch : profile.architectures) add(arch);
 
-    rules_applied = 0;
     for (const ResolvedName& entry : resolved) {
         const uint32_t action = entry.rule->action.libseccomp_action;
         if (action == profile.default_action.libseccomp_action || !only(entry.number)) continue;
         for (const auto& conditions : condition_sets(*entry.rule)) {
-            const int rc = ::seccomp_rule_add_array(context.get(), action, entry.number,
+            const int rc = ::seccomp_rule_add_array(context, action, entry.number,
                                                     static_cast<unsigned>(conditions.size()),
                                                     conditions.data());
             if (rc != 0) {
@@ -217,10 +222,10 @@ FilterContext build_context(const SeccompProfile& profile,
                                           ": libseccomp rejects the rule for " + entry.name + ": " +
                                           std::strerror(-rc));
             }
-            ++rules_applied;
+            ++built.rules_applied;
         }
     }
-    return context;
+    return built;
 }
 
 unsigned filter_flags(const SeccompProfile& profile) {
@@ -320,26 +325,33 @@ bool answers_alike(const std::vector<sock_filter>& reference,
     return true;
 }
 
-}  // namespace
-
-SeccompFilter compile_seccomp_filter(const SeccompProfile& profile, const SeccompTarget& target) {
+// libseccomp's filter of every rule in `resolved`.
+SeccompFilter libseccomp_filter(const SeccompProfile& profile,
+                                const std::vector<ResolvedName>& resolved,
+                                std::vector<UnknownSyscall> unknown) {
     SeccompFilter filter;
-    const std::vector<ResolvedName> resolved =
-        resolve_rules(profile, target, filter.unknown_syscalls);
-    bool single_architecture = false;
-    FilterContext context = build_context(
-        profile, resolved, profile.default_action.libseccomp_action, [](int) { return true; },
-        filter.rules_applied, single_architecture);
-    filter.program = export_program(context.get());
+    filter.unknown_syscalls = std::move(unknown);
+    const BuiltContext built = build_context(
+        profile, resolved, profile.default_action.libseccomp_action, [](int) { return true; });
+    filter.program = export_program(built.context.get());
+    filter.rules_applied = built.rules_applied;
     filter.flags = filter_flags(profile);
     return filter;
 }
 
-SeccompFilter compile_compact_seccomp_filter(const SeccompProfile& profile,
-                                             const SeccompTarget& target) {
-    SeccompFilter filter = compile_seccomp_filter(profile, target);
+}  // namespace
+
+SeccompFilter compile_seccomp_filter(const SeccompProfile& profile, const SeccompTarget& target) {
     std::vector<UnknownSyscall> unknown;
     const std::vector<ResolvedName> resolved = resolve_rules(profile, target, unknown);
+    return libseccomp_filter(profile, resolved, std::move(unknown));
+}
+
+SeccompFilter compile_compact_seccomp_filter(const SeccompProfile& profile,
+                                             const SeccompTarget& target) {
+    std::vector<UnknownSyscall> unknown;
+    const std::vector<ResolvedName> resolved = resolve_rules(profile, target, unknown);
+    SeccompFilter filter = libseccomp_filter(profile, resolved, std::move(unknown));
     const uint32_t default_action = profile.default_action.libseccomp_action;
     std::set<int> conditional;
     std::set<uint32_t> actions = {default_action, kBadArchitectureAction};
@@ -356,13 +368,10 @@ SeccompFilter compile_compact_seccomp_filter(const SeccompProfile& profile,
     RangeDispatchParts parts;
     parts.sentinel = sentinel;
     parts.default_answer = default_action;
-    size_t rules_in_part = 0;
-    bool single_architecture = false;
-    FilterContext context = build_context(
-        profile, resolved, sentinel, [&](int nr) { return conditional.count(nr) != 0; },
-        rules_in_part, single_architecture);
-    if (!single_architecture) return filter;  // numbers differ between architectures
-    parts.conditional = export_program(context.get());
+    const BuiltContext part = build_context(profile, resolved, sentinel,
+                                            [&](int nr) { return conditional.count(nr) != 0; });
+    if (!part.single_architecture) return filter;  // numbers differ between architectures
+    parts.conditional = export_program(part.context.get());
     for (const ResolvedName& entry : resolved) {
         if (conditional.count(entry.number) != 0 || entry.number < 0) continue;
         // Rules without conditions: the answer does not depend on the arguments.

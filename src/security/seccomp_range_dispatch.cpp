@@ -40,11 +40,8 @@ class SearchEmitter {
 
     // Returns false when an offset does not fit.
     bool emit(const std::vector<Run>& runs) {
-        const Target root = subtree(runs, 0, runs.size() - 1);
-        if (root.is_answer) {  // a single run: answer it straight away
-            fixups_.push_back({code_.size(), Branch::kJa, root});
-            code_.push_back(BPF_JUMP(BPF_JMP | BPF_JA, 0, 0, 0));
-        }
+        // A single run needs no comparison: its `ret`, emitted next, answers.
+        (void)subtree(runs, 0, runs.size() - 1);
         for (const Run& run : runs) {
             if (ret_at_.count(run.answer) == 0) {
                 ret_at_[run.answer] = code_.size();
@@ -55,13 +52,9 @@ class SearchEmitter {
             const size_t target =
                 fixup.target.is_answer ? ret_at_.at(fixup.target.answer) : fixup.target.insn;
             const size_t offset = target - (fixup.insn + 1);
-            sock_filter& insn = code_[fixup.insn];
-            if (fixup.branch == Branch::kJa) {
-                insn.k = static_cast<uint32_t>(offset);
-                continue;
-            }
             if (offset > std::numeric_limits<uint8_t>::max()) return false;
-            (fixup.branch == Branch::kTaken ? insn.jt : insn.jf) = static_cast<uint8_t>(offset);
+            sock_filter& insn = code_[fixup.insn];
+            (fixup.taken ? insn.jt : insn.jf) = static_cast<uint8_t>(offset);
         }
         return true;
     }
@@ -73,10 +66,10 @@ class SearchEmitter {
         uint32_t answer = 0;
         size_t insn = 0;
     };
-    enum class Branch { kTaken, kNotTaken, kJa };
+    // Which offset of the comparison at `insn` goes to `target`.
     struct Fixup {
         size_t insn = 0;
-        Branch branch = Branch::kTaken;
+        bool taken = true;
         Target target;
     };
 
@@ -87,8 +80,8 @@ class SearchEmitter {
         code_.push_back(BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, runs[middle].start, 0, 0));
         const Target below = subtree(runs, first, middle - 1);
         const Target above = subtree(runs, middle, last);
-        fixups_.push_back({insn, Branch::kNotTaken, below});
-        fixups_.push_back({insn, Branch::kTaken, above});
+        fixups_.push_back({insn, false, below});
+        fixups_.push_back({insn, true, above});
         return {false, 0, insn};
     }
 
