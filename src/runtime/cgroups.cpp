@@ -144,6 +144,16 @@ void write_text(const std::string& path, const std::string& value) {
     }
 }
 
+// For a limit file that only some kernels have (swap accounting): absent is not an error, and
+// trying the write costs one system call less than asking first.
+void write_text_if_present(const std::string& path, const std::string& value) {
+    UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
+    if (!fd && errno == ENOENT) return;
+    if (!fd || !write_all(fd.get(), value.data(), value.size())) {
+        throw system_error("cannot write " + value + " to " + path);
+    }
+}
+
 std::string unique_name() {
     uint32_t random = 0;
     if (::getrandom(&random, sizeof random, 0) != sizeof random) random = 0;
@@ -153,16 +163,26 @@ std::string unique_name() {
     return name;
 }
 
-// Removes empty sandbox cgroups whose launcher died without cleaning up (kill -9).
-void remove_stale_siblings(const std::string& parent) {
-    DIR* dir = ::opendir(parent.c_str());
+// Removes empty sandbox cgroups whose launcher died without cleaning up (kill -9), from every
+// hierarchy in `parents` (in creation order). A launcher creates its cgroups in that order and
+// removes them in the reverse one, so a name it left anywhere is also in the first: only that
+// directory is listed.
+void remove_stale_siblings(const std::vector<std::string>& parents) {
+    if (parents.empty()) return;
+    // A cgroup directory's link count is 2 plus its child cgroups (kernfs): with none left, there
+    // is nothing to list, the usual case when sandboxes run one at a time.
+    struct stat info {};
+    if (::stat(parents.front().c_str(), &info) == 0 && info.st_nlink <= 2) return;
+    DIR* dir = ::opendir(parents.front().c_str());
     if (dir == nullptr) return;
     while (dirent* entry = ::readdir(dir)) {
         std::string name = entry->d_name;
         if (!name.starts_with(kNamePrefix)) continue;
         const int pid = std::atoi(name.c_str() + std::strlen(kNamePrefix));
         if (pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
-        (void)::rmdir((parent + "/" + name).c_str());  // fails harmlessly if still in use
+        for (auto parent = parents.rbegin(); parent != parents.rend(); ++parent) {
+            (void)::rmdir((*parent + "/" + name).c_str());  // fails harmlessly if still in use
+        }
     }
     ::closedir(dir);
 }
@@ -183,13 +203,19 @@ std::optional<SandboxCgroup> SandboxCgroup::plan(const SandboxConfig& config) {
     cgroup.limits_ = limits;
 
     std::string v2_parent;
+    // Without --cgroup (so as root): root's own cgroups, "N:controllers:PATH" a hierarchy.
+    const std::string proc_cgroup =
+        config.cgroup_parent.empty() ? read_text("/proc/self/cgroup") : std::string();
+    // A memory controller bound to a v1 hierarchy is in no cgroup2 mount's list: no need to read
+    // those.
+    const bool memory_on_v1 = own_cgroup_path(proc_cgroup, "memory").has_value();
     if (!config.cgroup_parent.empty()) {
         v2_parent = config.cgroup_parent;
         if (::access((v2_parent + "/cgroup.procs").c_str(), W_OK) != 0) {
             throw Error("--cgroup " + v2_parent +
                         ": not a cgroup v2 directory you can write (it must be delegated to you)");
         }
-    } else if (::geteuid() == 0) {
+    } else if (::geteuid() == 0 && !memory_on_v1) {
         for (const auto& mount : mounts) {
             if (mount.fstype == "cgroup2" &&
                 has_words(read_text(mount.point + "/cgroup.controllers"), {"memory", "pids"})) {
@@ -225,7 +251,6 @@ std::optional<SandboxCgroup> SandboxCgroup::plan(const SandboxConfig& config) {
         cgroup.cpu_ = limits.cpus.has_value();
     } else if (::geteuid() == 0) {
         // cgroup v1, one hierarchy per controller.
-        const std::string proc_cgroup = read_text("/proc/self/cgroup");
         for (const char* controller : {"memory", "pids", "cpu"}) {
             const std::string name = controller;
             if (name == "cpu" && !limits.cpus) continue;
@@ -264,9 +289,7 @@ void SandboxCgroup::create() {
         if (kind == "v2") {
             if (limits.memory_bytes) {
                 write_text(path + "/memory.max", std::to_string(*limits.memory_bytes));
-                if (::access((path + "/memory.swap.max").c_str(), F_OK) == 0) {
-                    write_text(path + "/memory.swap.max", "0");
-                }
+                write_text_if_present(path + "/memory.swap.max", "0");
             }
             if (limits.processes) write_text(path + "/pids.max", std::to_string(*limits.processes));
             if (limits.cpus) write_text(path + "/cpu.max", cpu_max(*limits.cpus));
@@ -274,9 +297,7 @@ void SandboxCgroup::create() {
             if (limits.memory_bytes) {
                 const std::string bytes = std::to_string(*limits.memory_bytes);
                 write_text(path + "/memory.limit_in_bytes", bytes);
-                if (::access((path + "/memory.memsw.limit_in_bytes").c_str(), F_OK) == 0) {
-                    write_text(path + "/memory.memsw.limit_in_bytes", bytes);
-                }
+                write_text_if_present(path + "/memory.memsw.limit_in_bytes", bytes);
             }
         } else if (kind == "pids") {
             if (limits.processes) write_text(path + "/pids.max", std::to_string(*limits.processes));
@@ -296,17 +317,22 @@ SandboxCgroup::~SandboxCgroup() {
 }
 
 void SandboxCgroup::remove() noexcept {
-    for (auto& directory : directories_) {
-        directory.join.reset();
-        if (directory.path.empty()) continue;  // planned, never created
+    // The reverse of the creation order (see remove_stale_siblings).
+    for (auto directory = directories_.rbegin(); directory != directories_.rend(); ++directory) {
+        directory->join.reset();
+        if (directory->path.empty()) continue;  // planned, never created
         // The last processes may still be on their way out for a moment after init is reaped.
         for (int attempt = 0; attempt < 100; ++attempt) {
-            if (::rmdir(directory.path.c_str()) == 0 || errno == ENOENT) break;
+            if (::rmdir(directory->path.c_str()) == 0 || errno == ENOENT) break;
             if (errno != EBUSY) break;
             std::this_thread::sleep_for(std::chrono::milliseconds(2));
         }
-        // Here rather than at creation: the sandbox is gone, and this is off its start.
-        remove_stale_siblings(directory.parent);
+    }
+    // Here rather than at creation: the sandbox is gone, and this is off its start.
+    if (!directories_.empty() && !directories_.front().path.empty()) {
+        std::vector<std::string> parents;
+        for (const auto& directory : directories_) parents.push_back(directory.parent);
+        remove_stale_siblings(parents);
     }
     directories_.clear();
 }
