@@ -184,3 +184,21 @@ def test_a_cgroup_left_by_kill_9_of_sqbox_is_removed_by_the_next_run(sqbox, busy
     result = sqbox.run(busybox_image, "true")
     assert result.returncode == 0, result.stderr
     assert [path for path in left if os.path.exists(path)] == []
+
+
+@pytest.mark.parametrize("ending", ["exit", "timeout"])
+def test_a_root_run_removes_its_cgroups_from_every_hierarchy(sqbox, busybox_image, ending):
+    if os.geteuid() != 0:
+        pytest.skip("needs root: an ordinary user's sandbox gets a cgroup only with --cgroup")
+    options = ["--timeout", "1.5"] if ending == "timeout" else []
+    script = "echo ready; sleep 30" if ending == "timeout" else "echo ready; sleep 0.5"
+    proc = sqbox.popen(busybox_image, "sh", "-c", script, options=options,
+                       stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"
+    made = sandbox_cgroups_of(proc.pid)
+    # One per v1 hierarchy (memory and pids), or one cgroup v2 directory.
+    assert made, "the root run made no cgroup"
+    proc.communicate(timeout=30)
+    assert proc.returncode == (124 if ending == "timeout" else 0)
+    assert [path for path in made if os.path.exists(path)] == []
+    assert sandbox_cgroups_of(proc.pid) == []
