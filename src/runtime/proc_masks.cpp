@@ -26,13 +26,14 @@ constexpr const char* kHiddenDirectories[] = {"acpi", "asound", "scsi", "driver"
 // Kernel settings: readable, never writable.
 constexpr const char* kReadOnly[] = {"sys", "sysrq-trigger", "irq", "bus", "fs"};
 
-UniqueFd open_entry(int proc_fd, const char* name, struct stat& info) {
-    UniqueFd entry(::openat(proc_fd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC));
+// An O_PATH descriptor of `name` in `dir_fd`; none if it does not exist. `info` is filled if given.
+UniqueFd open_entry(int dir_fd, const std::string& name, struct stat* info) {
+    UniqueFd entry(::openat(dir_fd, name.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
     if (!entry) {
         if (errno == ENOENT) return entry;
-        throw system_error(std::string("cannot open /proc/") + name);
+        throw system_error("cannot open " + name);
     }
-    if (::fstat(entry.get(), &info) != 0) throw system_error(std::string("stat /proc/") + name);
+    if (info != nullptr && ::fstat(entry.get(), info) != 0) throw system_error("stat " + name);
     return entry;
 }
 
@@ -40,30 +41,38 @@ UniqueFd open_entry(int proc_fd, const char* name, struct stat& info) {
 
 void mask_proc(int root_fd, bool payload_is_host_root) {
     UniqueFd proc = resolve_in_root(root_fd, "/proc", EntryKind::kDirectory, false, "/proc");
+    // The host's null device (as the sandbox's /dev/null is), never a path of the image's; looked
+    // up once, each cover a copy of its mount.
+    UniqueFd null_device;
     for (const char* name : kHiddenFiles) {
         struct stat info {};
-        UniqueFd target = open_entry(proc.get(), name, info);
+        // Files only the host's root can read need no cover from anyone else.
+        UniqueFd target = open_entry(proc.get(), name, payload_is_host_root ? nullptr : &info);
         if (!target) continue;
-        if (!payload_is_host_root && (info.st_mode & S_IROTH) == 0) continue;  // host root's
-        // The host's null device (as the sandbox's /dev/null is), never a path of the image's.
-        UniqueFd cover = clone_mount_tree(AT_FDCWD, std::string(kOldRootDir) + "/dev/null", false,
-                                          std::string("/proc/") + name);
+        if (!payload_is_host_root && (info.st_mode & S_IROTH) == 0) continue;
+        if (!null_device) {
+            null_device = open_entry(AT_FDCWD, std::string(kOldRootDir) + "/dev/null", nullptr);
+            if (!null_device) throw Error("the host has no /dev/null to cover /proc files with");
+        }
+        UniqueFd cover =
+            clone_mount_tree(null_device.get(), "", false, std::string("/proc/") + name);
         attach_mount(cover.get(), target.get(), std::string("/proc/") + name);
     }
     // Each hidden directory is covered by a read-only bind of one empty directory of the
     // sandbox's own tmpfs (a tmpfs of its own each would cost a superblock per directory).
     const std::string empty = std::string(kSandboxDir) + "/proc-empty";
-    bool empty_made = false;
+    UniqueFd empty_directory;
     for (const char* name : kHiddenDirectories) {
         struct stat info {};
-        UniqueFd target = open_entry(proc.get(), name, info);
+        UniqueFd target = open_entry(proc.get(), name, &info);
         if (!target || !S_ISDIR(info.st_mode)) continue;
-        if (!empty_made) {
+        if (!empty_directory) {
             if (::mkdir(empty.c_str(), 0555) != 0) throw system_error("cannot create " + empty);
-            empty_made = true;
+            empty_directory = open_entry(AT_FDCWD, empty, nullptr);
+            if (!empty_directory) throw system_error("cannot open " + empty);
         }
         const std::string what = std::string("/proc/") + name;
-        UniqueFd cover = clone_mount_tree(AT_FDCWD, empty, false, what);
+        UniqueFd cover = clone_mount_tree(empty_directory.get(), "", false, what);
         set_mount_attributes(
             cover.get(),
             MountAttr::kReadOnly | MountAttr::kNoSuid | MountAttr::kNoDev | MountAttr::kNoExec, 0,
@@ -71,10 +80,9 @@ void mask_proc(int root_fd, bool payload_is_host_root) {
         attach_mount(cover.get(), target.get(), what);
     }
     for (const char* name : kReadOnly) {
-        struct stat info {};
-        UniqueFd target = open_entry(proc.get(), name, info);
+        UniqueFd target = open_entry(proc.get(), name, nullptr);
         if (!target) continue;
-        UniqueFd copy = clone_mount_tree(proc.get(), name, true, std::string("/proc/") + name);
+        UniqueFd copy = clone_mount_tree(target.get(), "", true, std::string("/proc/") + name);
         set_mount_attributes(
             copy.get(),
             MountAttr::kReadOnly | MountAttr::kNoSuid | MountAttr::kNoDev | MountAttr::kNoExec, 0,

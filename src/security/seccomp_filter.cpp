@@ -18,6 +18,7 @@
 #include <optional>
 #include <set>
 
+#include "security/seccomp_argument_ranges.h"
 #include "security/seccomp_bpf_eval.h"
 #include "security/seccomp_range_dispatch.h"
 #include "util/files.h"
@@ -268,6 +269,13 @@ std::vector<SyscallCall> probe_calls(const std::vector<ResolvedName>& resolved,
                     values[arg.index].push_back(near);
                 }
             }
+            // The last value a mask lets through and the first after it, in the low word and
+            // in all 64 bits (where MASKED_EQ is a range of values).
+            const uint64_t last = arg.value_two | ~arg.value;
+            for (uint64_t end : {last, last & 0xffffffffU}) {
+                values[arg.index].push_back(end);
+                values[arg.index].push_back(end + 1);
+            }
         }
     }
     uint64_t state = 0x9e3779b97f4a7c15U;  // a fixed sequence: the check is reproducible
@@ -325,6 +333,32 @@ bool answers_alike(const std::vector<sock_filter>& reference,
     return true;
 }
 
+// The conditional calls whose rules seccomp_argument_ranges.h can answer, each rule a single
+// condition, in the profile's order; rules with the default action are left out, as libseccomp
+// leaves them out.
+std::vector<CheckedCall> range_checked_calls(const std::vector<ResolvedName>& resolved,
+                                             const std::set<int>& conditional,
+                                             uint32_t default_action) {
+    std::vector<CheckedCall> calls;
+    for (int nr : conditional) {
+        CheckedCall call;
+        call.number = static_cast<uint32_t>(nr);
+        bool single_conditions = true;
+        for (const ResolvedName& entry : resolved) {
+            const uint32_t action = entry.rule->action.libseccomp_action;
+            if (entry.number != nr || action == default_action) continue;
+            for (const auto& conditions : condition_sets(*entry.rule)) {
+                if (conditions.size() != 1) single_conditions = false;
+                if (!conditions.empty()) call.rules.push_back({action, conditions.front()});
+            }
+        }
+        if (single_conditions && argument_range_code(call, default_action)) {
+            calls.push_back(std::move(call));
+        }
+    }
+    return calls;
+}
+
 // libseccomp's filter of every rule in `resolved`.
 SeccompFilter libseccomp_filter(const SeccompProfile& profile,
                                 const std::vector<ResolvedName>& resolved,
@@ -365,24 +399,45 @@ SeccompFilter compile_compact_seccomp_filter(const SeccompProfile& profile,
     uint32_t sentinel = SCMP_ACT_TRACE(0x5b0c);
     while (actions.count(sentinel) != 0) ++sentinel;
 
-    RangeDispatchParts parts;
-    parts.sentinel = sentinel;
-    parts.default_answer = default_action;
-    const BuiltContext part = build_context(profile, resolved, sentinel,
-                                            [&](int nr) { return conditional.count(nr) != 0; });
-    if (!part.single_architecture) return filter;  // numbers differ between architectures
-    parts.conditional = export_program(part.context.get());
-    for (const ResolvedName& entry : resolved) {
-        if (conditional.count(entry.number) != 0 || entry.number < 0) continue;
-        // Rules without conditions: the answer does not depend on the arguments.
-        parts.plain_answers[static_cast<uint32_t>(entry.number)] = evaluate_seccomp(
-            filter.program, SyscallCall{entry.number, ::seccomp_arch_native(), {}});
-    }
-    std::optional<std::vector<sock_filter>> compact = build_range_dispatch(parts);
-    if (compact && compact->size() < filter.program.size() &&
-        answers_alike(filter.program, *compact, probe_calls(resolved, conditional))) {
-        filter.program = std::move(*compact);
-    }
+    const std::vector<SyscallCall> probes = probe_calls(resolved, conditional);
+    // The program with the calls in `by_range` answered by a search over their arguments'
+    // ranges, the other conditional calls by libseccomp's code; if it answers as libseccomp's.
+    auto compact_with =
+        [&](const std::vector<CheckedCall>& by_range) -> std::optional<std::vector<sock_filter>> {
+        std::set<int> by_libseccomp = conditional;
+        for (const CheckedCall& call : by_range) by_libseccomp.erase(static_cast<int>(call.number));
+        const BuiltContext part = build_context(
+            profile, resolved, sentinel, [&](int nr) { return by_libseccomp.count(nr) != 0; });
+        if (!part.single_architecture) return std::nullopt;  // numbers differ between them
+
+        RangeDispatchParts parts;
+        parts.sentinel = sentinel;
+        parts.default_answer = default_action;
+        parts.conditional = export_program(part.context.get());
+        if (!by_range.empty()) {
+            const auto checks = argument_range_dispatch(by_range, default_action, sentinel);
+            if (!checks || !continue_at_sentinel(parts.conditional, sentinel)) return std::nullopt;
+            parts.conditional.insert(parts.conditional.end(), checks->begin(), checks->end());
+        }
+        for (const ResolvedName& entry : resolved) {
+            if (conditional.count(entry.number) != 0 || entry.number < 0) continue;
+            // Rules without conditions: the answer does not depend on the arguments.
+            parts.plain_answers[static_cast<uint32_t>(entry.number)] = evaluate_seccomp(
+                filter.program, SyscallCall{entry.number, ::seccomp_arch_native(), {}});
+        }
+        std::optional<std::vector<sock_filter>> compact = build_range_dispatch(parts);
+        if (!compact || compact->size() >= filter.program.size() ||
+            !answers_alike(filter.program, *compact, probes)) {
+            return std::nullopt;
+        }
+        return compact;
+    };
+    const std::vector<CheckedCall> ranged =
+        range_checked_calls(resolved, conditional, default_action);
+    std::optional<std::vector<sock_filter>> compact;
+    if (!ranged.empty()) compact = compact_with(ranged);
+    if (!compact) compact = compact_with({});
+    if (compact) filter.program = std::move(*compact);
     return filter;
 }
 

@@ -8,14 +8,8 @@
 namespace sqbox {
 namespace {
 
-// Numbers [start, next run's start) all get `answer`.
-struct Run {
-    uint32_t start = 0;
-    uint32_t answer = 0;
-};
-
-std::vector<Run> runs_of(const std::map<uint32_t, uint32_t>& plain, uint32_t default_answer) {
-    std::vector<Run> runs;
+std::vector<AnswerRun> runs_of(const std::map<uint32_t, uint32_t>& plain, uint32_t default_answer) {
+    std::vector<AnswerRun> runs;
     auto add = [&runs](uint32_t start, uint32_t answer) {
         if (runs.empty() || runs.back().answer != answer) runs.push_back({start, answer});
     };
@@ -39,10 +33,10 @@ class SearchEmitter {
     explicit SearchEmitter(std::vector<sock_filter>& code) : code_(code) {}
 
     // Returns false when an offset does not fit.
-    bool emit(const std::vector<Run>& runs) {
+    bool emit(const std::vector<AnswerRun>& runs) {
         // A single run needs no comparison: its `ret`, emitted next, answers.
         (void)subtree(runs, 0, runs.size() - 1);
-        for (const Run& run : runs) {
+        for (const AnswerRun& run : runs) {
             if (ret_at_.count(run.answer) == 0) {
                 ret_at_[run.answer] = code_.size();
                 code_.push_back(BPF_STMT(BPF_RET | BPF_K, run.answer));
@@ -73,7 +67,7 @@ class SearchEmitter {
         Target target;
     };
 
-    Target subtree(const std::vector<Run>& runs, size_t first, size_t last) {
+    Target subtree(const std::vector<AnswerRun>& runs, size_t first, size_t last) {
         if (first == last) return {true, runs[first].answer, 0};
         const size_t middle = first + (last - first + 1) / 2;
         const size_t insn = code_.size();
@@ -92,21 +86,30 @@ class SearchEmitter {
 
 }  // namespace
 
-std::optional<std::vector<sock_filter>> build_range_dispatch(const RangeDispatchParts& parts) {
-    std::vector<sock_filter> code = parts.conditional;
-    const size_t search_start = code.size();
-    bool sentinel_seen = false;
-    for (size_t i = 0; i < search_start; ++i) {
+bool continue_at_sentinel(std::vector<sock_filter>& code, uint32_t sentinel) {
+    bool seen = false;
+    for (size_t i = 0; i < code.size(); ++i) {
         sock_filter& insn = code[i];
-        if (insn.code == (BPF_RET | BPF_K) && insn.k == parts.sentinel) {
-            insn = BPF_JUMP(BPF_JMP | BPF_JA, static_cast<uint32_t>(search_start - (i + 1)), 0, 0);
-            sentinel_seen = true;
+        if (insn.code == (BPF_RET | BPF_K) && insn.k == sentinel) {
+            insn = BPF_JUMP(BPF_JMP | BPF_JA, static_cast<uint32_t>(code.size() - (i + 1)), 0, 0);
+            seen = true;
         }
     }
-    if (!sentinel_seen) return std::nullopt;
-    code.push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)));
+    return seen;
+}
+
+bool append_run_search(std::vector<sock_filter>& code, const std::vector<AnswerRun>& runs) {
     SearchEmitter search(code);
-    if (!search.emit(runs_of(parts.plain_answers, parts.default_answer))) return std::nullopt;
+    return search.emit(runs);
+}
+
+std::optional<std::vector<sock_filter>> build_range_dispatch(const RangeDispatchParts& parts) {
+    std::vector<sock_filter> code = parts.conditional;
+    if (!continue_at_sentinel(code, parts.sentinel)) return std::nullopt;
+    code.push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)));
+    if (!append_run_search(code, runs_of(parts.plain_answers, parts.default_answer))) {
+        return std::nullopt;
+    }
     return code;
 }
 

@@ -34,4 +34,20 @@ struct RangeDispatchParts {
 // answers `sentinel`.
 std::optional<std::vector<sock_filter>> build_range_dispatch(const RangeDispatchParts& parts);
 
+// Turns each `ret sentinel` of `code` into a jump to its end, where the caller appends what answers
+// next. Returns false when `code` never answers `sentinel`.
+bool continue_at_sentinel(std::vector<sock_filter>& code, uint32_t sentinel);
+
+// Values from `start` up to the next run's start (the last run: up to 2^32 - 1) get `answer`.
+struct AnswerRun {
+    uint32_t start = 0;
+    uint32_t answer = 0;
+};
+
+// Appends to `code` a binary search that answers the 32-bit value in the accumulator by the
+// run it falls in: one comparison per run boundary, then one `ret` per distinct answer. `runs`
+// must start at 0, ascending. Returns false when a jump would not fit classic BPF's 8-bit
+// offsets.
+bool append_run_search(std::vector<sock_filter>& code, const std::vector<AnswerRun>& runs);
+
 }  // namespace sqbox
