@@ -18,7 +18,7 @@
 #include <optional>
 #include <set>
 
-#include "security/seccomp_argument_ranges.h"
+#include "security/seccomp_argument_checks.h"
 #include "security/seccomp_bpf_eval.h"
 #include "security/seccomp_range_dispatch.h"
 #include "util/files.h"
@@ -333,12 +333,12 @@ bool answers_alike(const std::vector<sock_filter>& reference,
     return true;
 }
 
-// The conditional calls whose rules seccomp_argument_ranges.h can answer, each rule a single
+// The conditional calls whose rules seccomp_argument_checks.h can answer, each rule a single
 // condition, in the profile's order; rules with the default action are left out, as libseccomp
 // leaves them out.
-std::vector<CheckedCall> range_checked_calls(const std::vector<ResolvedName>& resolved,
-                                             const std::set<int>& conditional,
-                                             uint32_t default_action) {
+std::vector<CheckedCall> argument_checked_calls(const std::vector<ResolvedName>& resolved,
+                                                const std::set<int>& conditional,
+                                                uint32_t default_action) {
     std::vector<CheckedCall> calls;
     for (int nr : conditional) {
         CheckedCall call;
@@ -352,7 +352,7 @@ std::vector<CheckedCall> range_checked_calls(const std::vector<ResolvedName>& re
                 if (!conditions.empty()) call.rules.push_back({action, conditions.front()});
             }
         }
-        if (single_conditions && argument_range_code(call, default_action)) {
+        if (single_conditions && argument_check_code(call, default_action)) {
             calls.push_back(std::move(call));
         }
     }
@@ -400,12 +400,12 @@ SeccompFilter compile_compact_seccomp_filter(const SeccompProfile& profile,
     while (actions.count(sentinel) != 0) ++sentinel;
 
     const std::vector<SyscallCall> probes = probe_calls(resolved, conditional);
-    // The program with the calls in `by_range` answered by a search over their arguments'
-    // ranges, the other conditional calls by libseccomp's code; if it answers as libseccomp's.
+    // The program with the calls in `by_us` answered by seccomp_argument_checks.h's code, the
+    // other conditional calls by libseccomp's; if it answers as libseccomp's.
     auto compact_with =
-        [&](const std::vector<CheckedCall>& by_range) -> std::optional<std::vector<sock_filter>> {
+        [&](const std::vector<CheckedCall>& by_us) -> std::optional<std::vector<sock_filter>> {
         std::set<int> by_libseccomp = conditional;
-        for (const CheckedCall& call : by_range) by_libseccomp.erase(static_cast<int>(call.number));
+        for (const CheckedCall& call : by_us) by_libseccomp.erase(static_cast<int>(call.number));
         const BuiltContext part = build_context(
             profile, resolved, sentinel, [&](int nr) { return by_libseccomp.count(nr) != 0; });
         if (!part.single_architecture) return std::nullopt;  // numbers differ between them
@@ -414,8 +414,8 @@ SeccompFilter compile_compact_seccomp_filter(const SeccompProfile& profile,
         parts.sentinel = sentinel;
         parts.default_answer = default_action;
         parts.conditional = export_program(part.context.get());
-        if (!by_range.empty()) {
-            const auto checks = argument_range_dispatch(by_range, default_action, sentinel);
+        if (!by_us.empty()) {
+            const auto checks = argument_check_dispatch(by_us, default_action, sentinel);
             if (!checks || !continue_at_sentinel(parts.conditional, sentinel)) return std::nullopt;
             parts.conditional.insert(parts.conditional.end(), checks->begin(), checks->end());
         }
@@ -432,10 +432,10 @@ SeccompFilter compile_compact_seccomp_filter(const SeccompProfile& profile,
         }
         return compact;
     };
-    const std::vector<CheckedCall> ranged =
-        range_checked_calls(resolved, conditional, default_action);
+    const std::vector<CheckedCall> checked =
+        argument_checked_calls(resolved, conditional, default_action);
     std::optional<std::vector<sock_filter>> compact;
-    if (!ranged.empty()) compact = compact_with(ranged);
+    if (!checked.empty()) compact = compact_with(checked);
     if (!compact) compact = compact_with({});
     if (compact) filter.program = std::move(*compact);
     return filter;

@@ -150,7 +150,7 @@ TEST(SeccompProfile, BuiltinProgramsMatchACompileOfTheirText) {
 }
 
 // The built-in programs are rewritten smaller (seccomp_range_dispatch.h, and for the calls whose
-// arguments are checked seccomp_argument_ranges.h). Checked here on its
+// arguments are checked seccomp_argument_checks.h). Checked here on its
 // own terms, apart from the check the compiler makes: the same answer as libseccomp's program
 // to every call number of several architectures, with the arguments a hostile payload would
 // use; and every call the kernel could allow without running libseccomp's program, it can still

@@ -1,14 +1,15 @@
-// The range search for calls whose rules test one argument (security/seccomp_argument_ranges.h),
+// The range search for calls whose rules test one argument (security/seccomp_argument_checks.h),
 // checked against the rules' meaning computed here on whole 64-bit values, not against the
 // generator's own split into words.
 #include <gtest/gtest.h>
 #include <linux/seccomp.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <vector>
 
-#include "security/seccomp_argument_ranges.h"
+#include "security/seccomp_argument_checks.h"
 #include "security/seccomp_bpf_eval.h"
 
 namespace sqbox {
@@ -69,7 +70,7 @@ std::vector<uint64_t> probe_values(const CheckedCall& call, std::mt19937_64& ran
     return values;
 }
 
-TEST(SeccompArgumentRanges, AnswersAsTheFirstRuleThatHoldsOnRandomRuleSets) {
+TEST(SeccompArgumentChecks, AnswersAsTheFirstRuleThatHoldsOnRandomRuleSets) {
     std::mt19937_64 random(20261122);
     const uint64_t high_words[] = {0, 1, 0xffffffff};
     const scmp_compare ops[] = {SCMP_CMP_EQ, SCMP_CMP_NE, SCMP_CMP_LT,       SCMP_CMP_LE,
@@ -83,7 +84,8 @@ TEST(SeccompArgumentRanges, AnswersAsTheFirstRuleThatHoldsOnRandomRuleSets) {
             scmp_arg_cmp check{arg, ops[random() % 7], 0, 0};
             const uint64_t high = high_words[random() % 3] << 32;
             if (check.op == SCMP_CMP_MASKED_EQ) {
-                const auto free_bits = static_cast<unsigned>(random() % 33);  // the low bits the mask ignores
+                const auto free_bits =
+                    static_cast<unsigned>(random() % 33);  // the low bits the mask ignores
                 const uint64_t low_mask = free_bits == 32 ? 0 : (0xffffffffULL << free_bits);
                 const uint64_t mask =
                     (random() % 2 == 0 ? 0 : 0xffffffff00000000ULL) | (low_mask & 0xffffffffULL);
@@ -105,6 +107,81 @@ TEST(SeccompArgumentRanges, AnswersAsTheFirstRuleThatHoldsOnRandomRuleSets) {
     EXPECT_GT(probes, 60000u);
 }
 
+// Rules of scattered bits and equalities, in any argument, as clone's and personality's are.
+TEST(SeccompArgumentChecks, SequenceAnswersAsTheFirstRuleThatHoldsOnRandomRuleSets) {
+    std::mt19937_64 random(112026);
+    size_t probes = 0;
+    size_t shortest = 1000;
+    for (int round = 0; round < 400; ++round) {
+        CheckedCall call{kCall, {}};
+        const int rule_count = 1 + static_cast<int>(random() % 8);
+        for (int i = 0; i < rule_count; ++i) {
+            const auto arg = static_cast<unsigned>(random() % 2 == 0 ? 0 : random() % 6);
+            scmp_arg_cmp check{arg, SCMP_CMP_MASKED_EQ, 0, 0};
+            const uint64_t high = (random() % 3 == 0 ? 1ULL : 0ULL) << 32;
+            switch (random() % 5) {
+                case 0:
+                    check.op = random() % 2 == 0 ? SCMP_CMP_EQ : SCMP_CMP_NE;
+                    check.datum_a = high | (random() & 0x3f);
+                    break;
+                case 1:  // one bit set
+                    check.datum_a = check.datum_b = 1ULL << (random() % 32);
+                    break;
+                case 2:  // none of some bits
+                    check.datum_a = random() & 0x7e020000ULL;
+                    break;
+                case 3:  // any mask, any value within it, the high word too
+                    check.datum_a = random() & (random() | 0xffffffff00000000ULL);
+                    check.datum_b = random() & check.datum_a;
+                    break;
+                default:  // a value with bits outside its mask: never holds
+                    check.datum_a = 0xff;
+                    check.datum_b = 0x100;
+                    break;
+            }
+            call.rules.push_back({random() % 2 == 0 ? kAllow : kRefuse, check});
+        }
+        const auto program = argument_sequence_code(call, kNoMatch);
+        ASSERT_TRUE(program.has_value()) << "round " << round;
+        shortest = std::min(shortest, program->size());
+        for (uint64_t value : probe_values(call, random)) {
+            for (unsigned arg : {0U, 1U, 5U}) {
+                SyscallCall probe{static_cast<int>(kCall), AUDIT_ARCH_X86_64, {}};
+                for (auto& a : probe.args) a = random() % 4 == 0 ? random() : value;
+                probe.args[arg] = value;
+                uint32_t expected = kNoMatch;
+                for (const ArgumentRule& rule : call.rules) {
+                    if (holds(rule.check, probe.args[rule.check.arg])) {
+                        expected = rule.action;
+                        break;
+                    }
+                }
+                ASSERT_EQ(evaluate_seccomp(*program, probe), expected)
+                    << "round " << round << " value 0x" << std::hex << value;
+                ++probes;
+            }
+        }
+    }
+    EXPECT_GT(probes, 100000u);
+    EXPECT_LE(shortest, 2u);  // some sets never hold or always do: a `ret` or two
+}
+
+// clone's rules in sqbox's default profile: no namespace flag, else refused flag by flag.
+TEST(SeccompArgumentChecks, SequenceSharesLoadsAndBitTests) {
+    CheckedCall clone{kCall, {{kAllow, {0, SCMP_CMP_MASKED_EQ, 0x7e020000, 0}}}};
+    for (uint64_t flag : {0x20000ULL, 0x2000000ULL, 0x4000000ULL, 0x8000000ULL, 0x10000000ULL,
+                          0x20000000ULL, 0x40000000ULL}) {
+        clone.rules.push_back({kRefuse, {0, SCMP_CMP_MASKED_EQ, flag, flag}});
+    }
+    const auto program = argument_check_code(clone, kNoMatch);
+    ASSERT_TRUE(program.has_value());
+    EXPECT_LE(program->size(), 6u);  // load, two tests, three answers
+    EXPECT_EQ(answer(*program, kCall, 0, 0x11), kAllow);
+    EXPECT_EQ(answer(*program, kCall, 0, 0x10000000), kRefuse);
+    EXPECT_EQ(answer(*program, kCall, 0, 0x10000011ULL | (1ULL << 40)), kRefuse);
+    EXPECT_EQ(answer(*program, kCall, 0, 0x100000000ULL), kAllow);  // the high word is not tested
+}
+
 // Masked rules that allow the low words from `first` to `last`: the largest aligned blocks.
 void allow_low_words(CheckedCall& call, unsigned arg, uint64_t first, uint64_t last) {
     while (first <= last) {
@@ -121,7 +198,7 @@ void allow_low_words(CheckedCall& call, unsigned arg, uint64_t first, uint64_t l
 
 // Rules like sqbox's own for ioctl: every request but TIOCSTI and TIOCLINUX, in the low 32 bits
 // only, as a cover of masks, then the two refusals.
-TEST(SeccompArgumentRanges, TurnsMaskCoversIntoAFewComparisons) {
+TEST(SeccompArgumentChecks, TurnsMaskCoversIntoAFewComparisons) {
     CheckedCall call{kCall, {}};
     allow_low_words(call, 1, 0, 0x5411);
     allow_low_words(call, 1, 0x5413, 0x541b);
@@ -142,7 +219,7 @@ TEST(SeccompArgumentRanges, TurnsMaskCoversIntoAFewComparisons) {
     EXPECT_EQ(answer(*program, kCall, 1, 0x5413), kAllow);
 }
 
-TEST(SeccompArgumentRanges, RefusesRulesThatAreNotRanges) {
+TEST(SeccompArgumentChecks, RefusesShapesItCannotBuild) {
     // A mask of scattered bits (clone's namespace flags), a mask of part of the high word, two
     // arguments.
     const CheckedCall scattered{kCall, {{kAllow, {0, SCMP_CMP_MASKED_EQ, 0x7e020000, 0}}}};
@@ -154,14 +231,22 @@ TEST(SeccompArgumentRanges, RefusesRulesThatAreNotRanges) {
         kCall, {{kAllow, {0, SCMP_CMP_EQ, 1, 0}}, {kRefuse, {1, SCMP_CMP_EQ, 1, 0}}}};
     EXPECT_FALSE(argument_range_code(two_args, kNoMatch).has_value());
     EXPECT_FALSE(argument_range_code(CheckedCall{kCall, {}}, kNoMatch).has_value());
-    EXPECT_FALSE(argument_range_dispatch({scattered}, kNoMatch, kSentinel).has_value());
+    // The sequence does those, but no ordering comparison; then neither shape applies.
+    EXPECT_TRUE(argument_check_code(scattered, kNoMatch).has_value());
+    EXPECT_TRUE(argument_check_code(two_args, kNoMatch).has_value());
+    const CheckedCall ordering_and_two_args{
+        kCall, {{kAllow, {0, SCMP_CMP_GT, 1, 0}}, {kRefuse, {1, SCMP_CMP_EQ, 1, 0}}}};
+    EXPECT_FALSE(argument_sequence_code(ordering_and_two_args, kNoMatch).has_value());
+    EXPECT_FALSE(argument_check_code(ordering_and_two_args, kNoMatch).has_value());
+    EXPECT_FALSE(argument_check_dispatch({scattered, ordering_and_two_args}, kNoMatch, kSentinel)
+                     .has_value());
 }
 
-TEST(SeccompArgumentRanges, DispatchAnswersOtherCallsWithTheSentinel) {
+TEST(SeccompArgumentChecks, DispatchAnswersOtherCallsWithTheSentinel) {
     const CheckedCall socket{
         41, {{kAllow, {0, SCMP_CMP_EQ, 1, 0}}, {kRefuse, {0, SCMP_CMP_LE, 45, 0}}}};
     const CheckedCall prlimit{302, {{kRefuse, {0, SCMP_CMP_NE, 0, 0}}}};
-    const auto program = argument_range_dispatch({socket, prlimit}, kNoMatch, kSentinel);
+    const auto program = argument_check_dispatch({socket, prlimit}, kNoMatch, kSentinel);
     ASSERT_TRUE(program.has_value());
     EXPECT_EQ(answer(*program, 41, 0, 1), kAllow);
     EXPECT_EQ(answer(*program, 41, 0, 17), kRefuse);

@@ -1,10 +1,11 @@
-#include "security/seccomp_argument_ranges.h"
+#include "security/seccomp_argument_checks.h"
 
 #include <linux/seccomp.h>
 
 #include <algorithm>
 #include <cstddef>
 #include <limits>
+#include <map>
 #include <set>
 
 #include "security/seccomp_range_dispatch.h"
@@ -195,6 +196,100 @@ bool append_guarded(std::vector<sock_filter>& code, sock_filter test, bool enter
     return true;
 }
 
+// One test of a word of the argument: `jeq k` or `jset k`, after `and mask` unless the mask is
+// all ones. Each branch goes on to the group's next test, to the group's answer, or to the next
+// group.
+enum class Goal : uint8_t { kNext, kMatch, kFail };
+
+struct WordTest {
+    bool high = false;
+    uint32_t mask = kWordMax;
+    uint16_t jump = BPF_JEQ;
+    uint32_t k = 0;
+    Goal when_true = Goal::kNext;
+    Goal when_false = Goal::kFail;
+};
+
+// Consecutive rules with one answer, tested together. `equal_high`: a group of EQ rules, which
+// share the test of the high word; `bits`: a group of single-bit tests, which share one `jset`.
+struct TestGroup {
+    unsigned arg = 0;
+    uint32_t action = 0;
+    std::vector<WordTest> tests;
+    bool always = false;  // holds whatever the argument
+    std::optional<uint32_t> equal_high;
+    bool bits = false;
+};
+
+bool single_bit(uint32_t word) {
+    return word != 0 && (word & (word - 1)) == 0;
+}
+
+// The tests of one rule; nullopt for a comparison this shape does not do; `never` for a rule
+// that no argument satisfies (a masked value with bits outside its mask).
+std::optional<TestGroup> rule_tests(const ArgumentRule& rule, bool& never) {
+    const scmp_arg_cmp& check = rule.check;
+    TestGroup group{check.arg, rule.action, {}, false, std::nullopt, false};
+    never = false;
+    const uint32_t high_a = high_word(check.datum_a);
+    const uint32_t low_a = low_word(check.datum_a);
+    switch (check.op) {
+        case SCMP_CMP_EQ:
+            group.tests = {{true, kWordMax, BPF_JEQ, high_a, Goal::kNext, Goal::kFail},
+                           {false, kWordMax, BPF_JEQ, low_a, Goal::kMatch, Goal::kFail}};
+            group.equal_high = high_a;
+            return group;
+        case SCMP_CMP_NE:
+            group.tests = {{true, kWordMax, BPF_JEQ, high_a, Goal::kNext, Goal::kMatch},
+                           {false, kWordMax, BPF_JEQ, low_a, Goal::kFail, Goal::kMatch}};
+            return group;
+        case SCMP_CMP_MASKED_EQ:
+            break;
+        default:
+            return std::nullopt;
+    }
+    const uint32_t want_high = high_word(check.datum_b);
+    const uint32_t want_low = low_word(check.datum_b);
+    if ((want_high & ~high_a) != 0 || (want_low & ~low_a) != 0) {
+        never = true;
+        return group;
+    }
+    if (high_a != 0) {
+        group.tests.push_back({true, high_a, BPF_JEQ, want_high,
+                               low_a == 0 ? Goal::kMatch : Goal::kNext, Goal::kFail});
+    }
+    if (low_a == 0) {
+        // Nothing of the low word is compared.
+    } else if (want_low == 0) {
+        group.tests.push_back({false, kWordMax, BPF_JSET, low_a, Goal::kFail, Goal::kMatch});
+    } else if (want_low == low_a && single_bit(low_a)) {
+        group.tests.push_back({false, kWordMax, BPF_JSET, low_a, Goal::kMatch, Goal::kFail});
+        group.bits = high_a == 0;
+    } else {
+        group.tests.push_back({false, low_a, BPF_JEQ, want_low, Goal::kMatch, Goal::kFail});
+    }
+    group.always = group.tests.empty();
+    return group;
+}
+
+// Adds `rule` to the last group where it can share its tests, else as a group of its own.
+void add_to_groups(std::vector<TestGroup>& groups, TestGroup rule) {
+    if (!groups.empty()) {
+        TestGroup& last = groups.back();
+        const bool same = last.arg == rule.arg && last.action == rule.action && !last.always;
+        if (same && last.equal_high && rule.equal_high == last.equal_high) {
+            last.tests.back().when_false = Goal::kNext;
+            last.tests.push_back(rule.tests.back());
+            return;
+        }
+        if (same && last.bits && rule.bits) {
+            last.tests.back().k |= rule.tests.back().k;
+            return;
+        }
+    }
+    groups.push_back(std::move(rule));
+}
+
 }  // namespace
 
 std::optional<std::vector<sock_filter>> argument_range_code(const CheckedCall& call,
@@ -226,12 +321,100 @@ std::optional<std::vector<sock_filter>> argument_range_code(const CheckedCall& c
     return code;
 }
 
-std::optional<std::vector<sock_filter>> argument_range_dispatch(
+std::optional<std::vector<sock_filter>> argument_sequence_code(const CheckedCall& call,
+                                                               uint32_t no_match) {
+    std::vector<TestGroup> groups;
+    for (const ArgumentRule& rule : call.rules) {
+        if (rule.check.arg >= 6) return std::nullopt;
+        bool never = false;
+        std::optional<TestGroup> tests = rule_tests(rule, never);
+        if (!tests) return std::nullopt;
+        if (never) continue;
+        const bool always = tests->always;
+        add_to_groups(groups, std::move(*tests));
+        if (always) break;  // the rules after it are never reached
+    }
+
+    // Which word the accumulator holds, as loaded: arg * 2 + (high ? 1 : 0), or -1 (unknown, or
+    // masked).
+    constexpr int kUnknown = -1;
+    struct Branch {
+        size_t insn = 0;
+        bool taken = false;
+        Goal goal = Goal::kNext;
+        size_t group = 0;
+    };
+    std::vector<sock_filter> code;
+    std::vector<Branch> branches;
+    std::vector<size_t> group_start;
+    int held = kUnknown;
+    for (size_t g = 0; g < groups.size(); ++g) {
+        const TestGroup& group = groups[g];
+        group_start.push_back(code.size());
+        if (group.always) {
+            code.push_back(BPF_STMT(BPF_RET | BPF_K, group.action));
+            held = kUnknown;
+            continue;
+        }
+        std::optional<int> held_on_failure;
+        bool failures_agree = true;
+        for (const WordTest& test : group.tests) {
+            const int word = static_cast<int>(group.arg * 2 + (test.high ? 1 : 0));
+            if (held != word) {
+                code.push_back(
+                    BPF_STMT(BPF_LD | BPF_W | BPF_ABS, word_offset(group.arg, test.high)));
+                held = word;
+            }
+            if (test.mask != kWordMax) {
+                code.push_back(BPF_STMT(BPF_ALU | BPF_AND | BPF_K, test.mask));
+                held = kUnknown;
+            }
+            branches.push_back({code.size(), true, test.when_true, g});
+            branches.push_back({code.size(), false, test.when_false, g});
+            code.push_back(BPF_JUMP(BPF_JMP | test.jump | BPF_K, test.k, 0, 0));
+            if (test.when_true == Goal::kFail || test.when_false == Goal::kFail) {
+                if (held_on_failure && *held_on_failure != held) failures_agree = false;
+                held_on_failure = held;
+            }
+        }
+        // The next group is reached only by this one's failures.
+        held = failures_agree && held_on_failure ? *held_on_failure : kUnknown;
+    }
+    group_start.push_back(code.size());
+    code.push_back(BPF_STMT(BPF_RET | BPF_K, no_match));
+    std::map<uint32_t, size_t> ret_at;
+    for (const TestGroup& group : groups) {
+        if (!group.always && ret_at.count(group.action) == 0) {
+            ret_at[group.action] = code.size();
+            code.push_back(BPF_STMT(BPF_RET | BPF_K, group.action));
+        }
+    }
+    for (const Branch& branch : branches) {
+        size_t target = branch.insn + 1;
+        if (branch.goal == Goal::kMatch) target = ret_at.at(groups[branch.group].action);
+        if (branch.goal == Goal::kFail) target = group_start[branch.group + 1];
+        const size_t offset = target - (branch.insn + 1);
+        if (offset > std::numeric_limits<uint8_t>::max()) return std::nullopt;
+        sock_filter& insn = code[branch.insn];
+        (branch.taken ? insn.jt : insn.jf) = static_cast<uint8_t>(offset);
+    }
+    return code;
+}
+
+std::optional<std::vector<sock_filter>> argument_check_code(const CheckedCall& call,
+                                                            uint32_t no_match) {
+    auto ranges = argument_range_code(call, no_match);
+    auto sequence = argument_sequence_code(call, no_match);
+    if (ranges && (!sequence || ranges->size() <= sequence->size())) return ranges;
+    return sequence;
+}
+
+std::optional<std::vector<sock_filter>> argument_check_dispatch(
     const std::vector<CheckedCall>& calls, uint32_t no_match, uint32_t sentinel) {
     std::vector<sock_filter> code = {
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr))};
     for (const CheckedCall& call : calls) {
-        const auto block = argument_range_code(call, no_match);
+        const auto block = argument_check_code(call, no_match);
         if (!block || !append_guarded(code, BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, call.number, 0, 0),
                                       true, *block)) {
             return std::nullopt;
