@@ -51,8 +51,9 @@ void mask_proc(int root_fd, bool payload_is_host_root) {
         if (!target) continue;
         if (!payload_is_host_root && (info.st_mode & S_IROTH) == 0) continue;
         if (!null_device) {
-            null_device = open_entry(AT_FDCWD, std::string(kOldRootDir) + "/dev/null", nullptr);
-            if (!null_device) throw Error("the host has no /dev/null to cover /proc files with");
+            const std::string null_path = std::string(kOldRootDir) + "/dev/null";
+            null_device.reset(::open(null_path.c_str(), O_PATH | O_CLOEXEC));
+            if (!null_device) throw system_error("cannot open " + null_path);
         }
         UniqueFd cover =
             clone_mount_tree(null_device.get(), "", false, std::string("/proc/") + name);
