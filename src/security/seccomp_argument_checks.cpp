@@ -7,6 +7,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <utility>
 
 #include "security/seccomp_range_dispatch.h"
 
@@ -97,9 +98,10 @@ WordRanges holding_low_words(const scmp_arg_cmp& check, uint32_t high) {
         case SCMP_CMP_MASKED_EQ: {
             const uint32_t mask_high = high_word(check.datum_a);
             const uint32_t mask_low = low_word(check.datum_a);
-            const uint32_t want_high = high_word(check.datum_b);
-            const uint32_t want_low = low_word(check.datum_b);
-            if ((high & mask_high) != want_high || (want_low & ~mask_low) != 0) return none;
+            // libseccomp compares with the value's masked bits only.
+            const uint32_t want_high = high_word(check.datum_b) & mask_high;
+            const uint32_t want_low = low_word(check.datum_b) & mask_low;
+            if ((high & mask_high) != want_high) return none;
             return {{want_low, want_low | ~mask_low}};
         }
         default:
@@ -225,12 +227,10 @@ bool single_bit(uint32_t word) {
     return word != 0 && (word & (word - 1)) == 0;
 }
 
-// The tests of one rule; nullopt for a comparison this shape does not do; `never` for a rule
-// that no argument satisfies (a masked value with bits outside its mask).
-std::optional<TestGroup> rule_tests(const ArgumentRule& rule, bool& never) {
+// The tests of one rule; nullopt for a comparison this shape does not do.
+std::optional<TestGroup> rule_tests(const ArgumentRule& rule) {
     const scmp_arg_cmp& check = rule.check;
     TestGroup group{check.arg, rule.action, {}, false, std::nullopt, false};
-    never = false;
     const uint32_t high_a = high_word(check.datum_a);
     const uint32_t low_a = low_word(check.datum_a);
     switch (check.op) {
@@ -248,12 +248,9 @@ std::optional<TestGroup> rule_tests(const ArgumentRule& rule, bool& never) {
         default:
             return std::nullopt;
     }
-    const uint32_t want_high = high_word(check.datum_b);
-    const uint32_t want_low = low_word(check.datum_b);
-    if ((want_high & ~high_a) != 0 || (want_low & ~low_a) != 0) {
-        never = true;
-        return group;
-    }
+    // libseccomp compares with the value's masked bits only.
+    const uint32_t want_high = high_word(check.datum_b) & high_a;
+    const uint32_t want_low = low_word(check.datum_b) & low_a;
     if (high_a != 0) {
         group.tests.push_back({true, high_a, BPF_JEQ, want_high,
                                low_a == 0 ? Goal::kMatch : Goal::kNext, Goal::kFail});
@@ -288,6 +285,63 @@ void add_to_groups(std::vector<TestGroup>& groups, TestGroup rule) {
         }
     }
     groups.push_back(std::move(rule));
+}
+
+// The values of one argument `check` holds for lie within [first, last]: exactly for the
+// comparisons of order and EQ, a bound for MASKED_EQ; nullopt for none at all.
+std::optional<std::pair<uint64_t, uint64_t>> value_bounds(const scmp_arg_cmp& check) {
+    constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+    const uint64_t value = check.datum_a;
+    switch (check.op) {
+        case SCMP_CMP_EQ:
+            return std::pair{value, value};
+        case SCMP_CMP_LT:
+            if (value == 0) return std::nullopt;
+            return std::pair{uint64_t{0}, value - 1};
+        case SCMP_CMP_LE:
+            return std::pair{uint64_t{0}, value};
+        case SCMP_CMP_GT:
+            if (value == kMax) return std::nullopt;
+            return std::pair{value + 1, kMax};
+        case SCMP_CMP_GE:
+            return std::pair{value, kMax};
+        case SCMP_CMP_MASKED_EQ: {
+            const uint64_t want = check.datum_b & check.datum_a;
+            return std::pair{want, want | ~check.datum_a};
+        }
+        default:
+            return std::pair{uint64_t{0}, kMax};  // NE and anything else: anywhere
+    }
+}
+
+// Whether some value of the argument both test could satisfy both (true when unsure).
+bool may_both_hold(const scmp_arg_cmp& a, const scmp_arg_cmp& b) {
+    if (a.op == SCMP_CMP_MASKED_EQ && b.op == SCMP_CMP_MASKED_EQ) {
+        return ((a.datum_b ^ b.datum_b) & a.datum_a & b.datum_a) == 0;
+    }
+    const auto bounds_a = value_bounds(a);
+    const auto bounds_b = value_bounds(b);
+    if (!bounds_a || !bounds_b) return false;
+    return bounds_a->first <= bounds_b->second && bounds_b->first <= bounds_a->second;
+}
+
+// Both shapes answer with the first rule that holds, in the profile's order. libseccomp tries a
+// call's rules in an order of its own (by argument, word, operator and value), so where rules
+// with different answers both hold, the two may disagree. Unless one of them is EQ: then they
+// overlap in one value at most, which the compiler's check against libseccomp's program probes
+// (rules with different answers all test one argument, or this refuses them).
+bool answer_depends_on_rule_order(const CheckedCall& call) {
+    for (size_t i = 0; i < call.rules.size(); ++i) {
+        for (size_t j = i + 1; j < call.rules.size(); ++j) {
+            const scmp_arg_cmp& a = call.rules[i].check;
+            const scmp_arg_cmp& b = call.rules[j].check;
+            if (call.rules[i].action == call.rules[j].action) continue;
+            if (a.arg != b.arg) return true;
+            if (a.op == SCMP_CMP_EQ || b.op == SCMP_CMP_EQ) continue;
+            if (may_both_hold(a, b)) return true;
+        }
+    }
+    return false;
 }
 
 }  // namespace
@@ -326,10 +380,8 @@ std::optional<std::vector<sock_filter>> argument_sequence_code(const CheckedCall
     std::vector<TestGroup> groups;
     for (const ArgumentRule& rule : call.rules) {
         if (rule.check.arg >= 6) return std::nullopt;
-        bool never = false;
-        std::optional<TestGroup> tests = rule_tests(rule, never);
+        std::optional<TestGroup> tests = rule_tests(rule);
         if (!tests) return std::nullopt;
-        if (never) continue;
         const bool always = tests->always;
         add_to_groups(groups, std::move(*tests));
         if (always) break;  // the rules after it are never reached
@@ -381,7 +433,10 @@ std::optional<std::vector<sock_filter>> argument_sequence_code(const CheckedCall
         held = failures_agree && held_on_failure ? *held_on_failure : kUnknown;
     }
     group_start.push_back(code.size());
-    code.push_back(BPF_STMT(BPF_RET | BPF_K, no_match));
+    // Unreached after a rule that always holds.
+    if (groups.empty() || !groups.back().always) {
+        code.push_back(BPF_STMT(BPF_RET | BPF_K, no_match));
+    }
     std::map<uint32_t, size_t> ret_at;
     for (const TestGroup& group : groups) {
         if (!group.always && ret_at.count(group.action) == 0) {
@@ -403,6 +458,7 @@ std::optional<std::vector<sock_filter>> argument_sequence_code(const CheckedCall
 
 std::optional<std::vector<sock_filter>> argument_check_code(const CheckedCall& call,
                                                             uint32_t no_match) {
+    if (answer_depends_on_rule_order(call)) return std::nullopt;
     auto ranges = argument_range_code(call, no_match);
     auto sequence = argument_sequence_code(call, no_match);
     if (ranges && (!sequence || ranges->size() <= sequence->size())) return ranges;

@@ -15,6 +15,8 @@
 //   order, as libseccomp does, but a word is loaded only when the accumulator does not already
 //   hold it, consecutive equality tests with one answer share the high word's test, and
 //   consecutive tests of single bits with one answer become one test of all of them.
+//
+// MASKED_EQ compares with the value's masked bits only, as libseccomp does.
 #pragma once
 
 #include <linux/filter.h>
@@ -48,7 +50,9 @@ std::optional<std::vector<sock_filter>> argument_range_code(const CheckedCall& c
 std::optional<std::vector<sock_filter>> argument_sequence_code(const CheckedCall& call,
                                                                uint32_t no_match);
 
-// The shorter of the two; nullopt if neither can be built.
+// The shorter of the two; nullopt if neither can be built, or if rules with different answers
+// could both hold (other than at the one value of an EQ): both shapes answer with the first rule
+// that holds, and libseccomp, whose program is the reference, tries rules in an order of its own.
 std::optional<std::vector<sock_filter>> argument_check_code(const CheckedCall& call,
                                                             uint32_t no_match);
 

@@ -259,10 +259,18 @@ std::vector<SyscallCall> probe_calls(const std::vector<ResolvedName>& resolved,
     }
     // Per argument, the values the rules compare it with and their neighbours.
     std::map<int, std::array<std::vector<uint64_t>, 6>> interesting;
+    // Per call, its equality and mask tests: (argument, mask, masked value).
+    std::map<int, std::vector<std::array<uint64_t, 3>>> bit_tests;
     for (const ResolvedName& entry : resolved) {
         if (conditional.count(entry.number) == 0) continue;
         auto& values = interesting[entry.number];
         for (const auto& arg : entry.rule->args) {
+            if (arg.op == SCMP_CMP_EQ) {
+                bit_tests[entry.number].push_back({arg.index, ~uint64_t{0}, arg.value});
+            } else if (arg.op == SCMP_CMP_MASKED_EQ) {
+                bit_tests[entry.number].push_back(
+                    {arg.index, arg.value, arg.value_two & arg.value});
+            }
             for (uint64_t v : {arg.value, arg.value_two}) {
                 for (uint64_t near : {v, v - 1, v + 1, ~v, v | (uint64_t{1} << 32), v & 0xffffffffU,
                                       v ^ arg.value_two, v & arg.value_two}) {
@@ -304,6 +312,22 @@ std::vector<SyscallCall> probe_calls(const std::vector<ResolvedName>& resolved,
                 call.args[index] = (pick & 3) == 0 ? next_random() : list[pick % list.size()];
             }
             calls.push_back(call);
+        }
+        // Calls that pass two tests at once, where rules overlap away from every value above
+        // (masks of different bits): random bits, then each test's masked value over its mask.
+        const auto& tests = bit_tests[nr];
+        for (size_t a = 0; a < tests.size() && a < 200; ++a) {
+            for (size_t b = a + 1; b < tests.size() && b < 200; ++b) {
+                for (int i = 0; i < 4; ++i) {
+                    SyscallCall call{nr, ::seccomp_arch_native(), {}};
+                    for (uint64_t& arg : call.args) arg = i == 0 ? 0 : next_random();
+                    for (const auto& [index, mask, want] : {tests[a], tests[b]}) {
+                        uint64_t& arg = call.args[index];
+                        arg = (arg & ~mask) | want;
+                    }
+                    calls.push_back(call);
+                }
+            }
         }
     }
     return calls;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <linux/sched.h>
 #include <linux/seccomp.h>
+#include <seccomp.h>
 #include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -197,6 +198,66 @@ TEST(SeccompProfile, BuiltinProgramsAreSmallerAndAnswerAsLibseccompsDo) {
             }
         }
         EXPECT_GT(constant_allows, 100u);  // the comparison above compared something
+    }
+}
+
+// Rule sets where libseccomp's program does not answer as the profile's order would, found by a
+// review: masks of different bits that both hold for some value, none of them a value any probe
+// would try, and a value with bits outside its mask (which libseccomp ignores). The compact
+// program must answer as libseccomp's does there too, and still be compact elsewhere.
+TEST(SeccompProfile, CompactProgramAnswersAsLibseccompWhereRulesOverlap) {
+    struct Case {
+        const char* rules;  // personality's, after the allowed plain calls
+        uint64_t witness;   // personality's argument where the orders disagree
+    };
+    const auto masked = [](const char* action, const char* mask, const char* value) {
+        return std::string(R"({"names": ["personality"], )") + action +
+               R"(, "args": [{"index": 0, "value": )" + mask + R"(, "valueTwo": )" + value +
+               R"(, "op": "SCMP_CMP_MASKED_EQ"}]})";
+    };
+    const std::string allow = R"("action": "SCMP_ACT_ALLOW")";
+    const std::string refuse = R"("action": "SCMP_ACT_ERRNO", "errnoRet": 2)";
+    const std::string cases[][2] = {
+        {masked(allow.c_str(), "65535", "4660") + ", " +
+             masked(refuse.c_str(), "4294901760", "1450704896"),
+         "1450709556"},  // 0x56781234
+        {masked(allow.c_str(), "4294967040", "4608") + ", " +
+             masked(refuse.c_str(), "18446744069414584320", "21474836480") +
+             R"(, {"names": ["personality"], "action": "SCMP_ACT_ALLOW", "args": [{"index": 0, )"
+             R"("value": 16, "op": "SCMP_CMP_LE"}]})",
+         "21474841140"},  // 0x500001234
+        {masked(refuse.c_str(), "65535", "4660") + ", " +
+             masked(allow.c_str(), "18446744069414584320", "21474836480"),
+         "21474841140"},
+        {masked(refuse.c_str(), "4294901760", "5745672192") + ", " +
+             masked(allow.c_str(), "65535", "4660") + ", " + masked(refuse.c_str(), "65534", "0") +
+             ", " + masked(refuse.c_str(), "65535", "65535"),
+         "1450709556"},
+    };
+    std::string plain;
+    for (int nr = 0; nr < 120; ++nr) {
+        const char* name = ::seccomp_syscall_resolve_num_arch(SCMP_ARCH_NATIVE, nr);
+        if (name == nullptr) continue;
+        plain += std::string(plain.empty() ? "" : ", ") + "\"" + name + "\"";
+        std::free(const_cast<char*>(name));
+    }
+    for (const auto& [rules, witness] : cases) {
+        SCOPED_TRACE(rules);
+        const std::string text =
+            R"({"defaultAction": "SCMP_ACT_ERRNO", "defaultErrnoRet": 1, "syscalls": [)"
+            R"({"names": [)" +
+            plain + R"(], "action": "SCMP_ACT_ALLOW"}, )" + rules + "]}";
+        const SeccompProfile profile = parse_seccomp_profile(text, "overlap.json");
+        const SeccompFilter reference = compile_seccomp_filter(profile, SeccompTarget{});
+        const SeccompFilter compact = compile_compact_seccomp_filter(profile, SeccompTarget{});
+        EXPECT_LT(compact.program.size() * 2, reference.program.size());
+        const uint64_t value = std::stoull(witness);
+        for (uint64_t arg : {value, value & 0xffffffff, uint64_t{0}, ~uint64_t{0}}) {
+            const SyscallCall call{SYS_personality, AUDIT_ARCH_X86_64, {arg, 0, 0, 0, 0, 0}};
+            EXPECT_EQ(evaluate_seccomp(compact.program, call),
+                      evaluate_seccomp(reference.program, call))
+                << "argument " << arg;
+        }
     }
 }
 
