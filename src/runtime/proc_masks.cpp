@@ -26,15 +26,24 @@ constexpr const char* kHiddenDirectories[] = {"acpi", "asound", "scsi", "driver"
 // Kernel settings: readable, never writable.
 constexpr const char* kReadOnly[] = {"sys", "sysrq-trigger", "irq", "bus", "fs"};
 
-// An O_PATH descriptor of `name` in `dir_fd`; none if it does not exist. `info` is filled if given.
-UniqueFd open_entry(int dir_fd, const std::string& name, struct stat* info) {
-    UniqueFd entry(::openat(dir_fd, name.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
+// An O_PATH descriptor of /proc/`name`; none if it does not exist. `info` is filled if given.
+UniqueFd open_entry(int proc_fd, const char* name, struct stat* info) {
+    UniqueFd entry(::openat(proc_fd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC));
     if (!entry) {
         if (errno == ENOENT) return entry;
-        throw system_error("cannot open " + name);
+        throw system_error(std::string("cannot open /proc/") + name);
     }
-    if (info != nullptr && ::fstat(entry.get(), info) != 0) throw system_error("stat " + name);
+    if (info != nullptr && ::fstat(entry.get(), info) != 0) {
+        throw system_error(std::string("stat /proc/") + name);
+    }
     return entry;
+}
+
+// An O_PATH descriptor of `path`, to copy mounts of.
+UniqueFd open_mount_source(const std::string& path) {
+    UniqueFd source(::open(path.c_str(), O_PATH | O_CLOEXEC));
+    if (!source) throw system_error("cannot open " + path);
+    return source;
 }
 
 }  // namespace
@@ -50,11 +59,7 @@ void mask_proc(int root_fd, bool payload_is_host_root) {
         UniqueFd target = open_entry(proc.get(), name, payload_is_host_root ? nullptr : &info);
         if (!target) continue;
         if (!payload_is_host_root && (info.st_mode & S_IROTH) == 0) continue;
-        if (!null_device) {
-            const std::string null_path = std::string(kOldRootDir) + "/dev/null";
-            null_device.reset(::open(null_path.c_str(), O_PATH | O_CLOEXEC));
-            if (!null_device) throw system_error("cannot open " + null_path);
-        }
+        if (!null_device) null_device = open_mount_source(std::string(kOldRootDir) + "/dev/null");
         UniqueFd cover =
             clone_mount_tree(null_device.get(), "", false, std::string("/proc/") + name);
         attach_mount(cover.get(), target.get(), std::string("/proc/") + name);
@@ -69,8 +74,7 @@ void mask_proc(int root_fd, bool payload_is_host_root) {
         if (!target || !S_ISDIR(info.st_mode)) continue;
         if (!empty_directory) {
             if (::mkdir(empty.c_str(), 0555) != 0) throw system_error("cannot create " + empty);
-            empty_directory = open_entry(AT_FDCWD, empty, nullptr);
-            if (!empty_directory) throw system_error("cannot open " + empty);
+            empty_directory = open_mount_source(empty);
         }
         const std::string what = std::string("/proc/") + name;
         UniqueFd cover = clone_mount_tree(empty_directory.get(), "", false, what);

@@ -147,19 +147,13 @@ struct HighClass {
     std::vector<AnswerRun> runs;
 };
 
-bool same_runs(const std::vector<AnswerRun>& a, const std::vector<AnswerRun>& b) {
-    return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](const auto& x, const auto& y) {
-        return x.start == y.start && x.answer == y.answer;
-    });
-}
-
 // Each compared high word is a class of its own; the gaps between them are classes too.
 std::vector<HighClass> high_classes(const CheckedCall& call, const std::set<uint32_t>& compared,
                                     uint32_t no_match) {
     std::vector<HighClass> classes;
     auto add = [&](uint32_t first, uint32_t last) {
         std::vector<AnswerRun> runs = answer_runs(call, first, no_match);
-        if (!classes.empty() && same_runs(classes.back().runs, runs)) {
+        if (!classes.empty() && classes.back().runs == runs) {
             classes.back().last = last;
         } else {
             classes.push_back({first, last, std::move(runs)});

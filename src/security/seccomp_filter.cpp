@@ -424,6 +424,13 @@ SeccompFilter compile_compact_seccomp_filter(const SeccompProfile& profile,
     while (actions.count(sentinel) != 0) ++sentinel;
 
     const std::vector<SyscallCall> probes = probe_calls(resolved, conditional);
+    // The calls without conditions: their answer does not depend on the arguments.
+    std::map<uint32_t, uint32_t> plain_answers;
+    for (const ResolvedName& entry : resolved) {
+        if (conditional.count(entry.number) != 0 || entry.number < 0) continue;
+        plain_answers[static_cast<uint32_t>(entry.number)] = evaluate_seccomp(
+            filter.program, SyscallCall{entry.number, ::seccomp_arch_native(), {}});
+    }
     // The program with the calls in `by_us` answered by seccomp_argument_checks.h's code, the
     // other conditional calls by libseccomp's; if it answers as libseccomp's.
     auto compact_with =
@@ -443,12 +450,7 @@ SeccompFilter compile_compact_seccomp_filter(const SeccompProfile& profile,
             if (!checks || !continue_at_sentinel(parts.conditional, sentinel)) return std::nullopt;
             parts.conditional.insert(parts.conditional.end(), checks->begin(), checks->end());
         }
-        for (const ResolvedName& entry : resolved) {
-            if (conditional.count(entry.number) != 0 || entry.number < 0) continue;
-            // Rules without conditions: the answer does not depend on the arguments.
-            parts.plain_answers[static_cast<uint32_t>(entry.number)] = evaluate_seccomp(
-                filter.program, SyscallCall{entry.number, ::seccomp_arch_native(), {}});
-        }
+        parts.plain_answers = plain_answers;
         std::optional<std::vector<sock_filter>> compact = build_range_dispatch(parts);
         if (!compact || compact->size() >= filter.program.size() ||
             !answers_alike(filter.program, *compact, probes)) {

@@ -42,6 +42,7 @@ bool continue_at_sentinel(std::vector<sock_filter>& code, uint32_t sentinel);
 struct AnswerRun {
     uint32_t start = 0;
     uint32_t answer = 0;
+    bool operator==(const AnswerRun&) const = default;
 };
 
 // Appends to `code` a binary search that answers the 32-bit value in the accumulator by the
