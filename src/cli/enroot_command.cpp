@@ -388,10 +388,12 @@ int enroot_list(const std::vector<std::string>& args, const EnrootSettings& sett
     for (const auto& name : names) {
         std::array<std::string, 3> row = {name, "", ""};
         try {
-            if (auto info = store.find(name)) {
+            if (auto container = store.find(name)) {
+                const ContainerInfo& info = container->info;
                 row[1] = human_size(
-                    disk_usage(info->layer.empty() ? info->directory : info->layer + "/upper"));
-                row[2] = info->image.empty() ? "(unpacked root filesystem)" : info->image;
+                    disk_usage(info.layer.empty() ? info.directory : info.layer + "/upper"));
+                row[2] = info.image.empty() ? "(unpacked root filesystem)" : info.image;
+                store.release(std::move(*container));
             }
         } catch (const Error& e) {
             row[2] = std::string("(") + e.what() + ")";
@@ -421,7 +423,7 @@ int enroot_export(const std::vector<std::string>& args, EnrootSettings settings)
     if (name.empty()) throw Error("Invalid argument");
     if (name.find('/') != std::string::npos) throw Error("Invalid argument: " + name);
     ContainerStore store(settings.data_path);
-    std::optional<ContainerInfo> container = store.find(name);
+    std::optional<HeldContainer> container = store.find(name);
     if (!container) throw Error("No such file or directory: " + store.path() + "/" + name);
 
     if (output.empty()) output = name + ".sqsh";
@@ -433,17 +435,23 @@ int enroot_export(const std::vector<std::string>& args, EnrootSettings settings)
     }
 
     SandboxConfig config;
-    config.image = container->image.empty() ? container->directory : container->image;
-    config.persistent_layer = container->layer;
+    const ContainerInfo& info = container->info;
+    config.image = info.image.empty() ? info.directory : info.image;
+    config.persistent_layer = info.layer;
     config.read_only_root = true;
     config.map_root = true;  // the image's own owners read as themselves (all end up root)
     config.outside_uid = ::geteuid();
     config.outside_gid = ::getegid();
     config.export_image_path = output;
     config.command = {"export"};
-    ContainerLock lock(*container, false, kLockWaitSeconds);
-    std::cerr << "[INFO] Creating squashfs filesystem..." << std::endl;
-    return exit_status_of(run_sandbox(config));
+    int status = 0;
+    {
+        ContainerLock lock(*container, false, kLockWaitSeconds);
+        std::cerr << "[INFO] Creating squashfs filesystem..." << std::endl;
+        status = exit_status_of(run_sandbox(config));
+    }
+    store.release(std::move(*container));
+    return status;
 }
 
 int enroot_start(const std::vector<std::string>& args, EnrootSettings settings) {
@@ -477,17 +485,19 @@ int enroot_start(const std::vector<std::string>& args, EnrootSettings settings) 
     if (writable) settings.rootfs_writable = true;
 
     SandboxConfig config;
-    std::optional<ContainerInfo> container;
+    std::optional<ContainerStore> store;  // not made for an image started directly
+    std::optional<HeldContainer> container;
     if (target.empty()) throw Error("Invalid argument");
     if (is_squashfs(target)) {
         config.image = real_path(target);
     } else {
         if (target.find('/') != std::string::npos) throw Error("Invalid argument: " + target);
-        ContainerStore store(settings.data_path);
-        container = store.find(target);
-        if (!container) throw Error("No such file or directory: " + store.path() + "/" + target);
-        config.image = container->image.empty() ? container->directory : container->image;
-        config.persistent_layer = container->layer;
+        store.emplace(settings.data_path);
+        container = store->find(target);
+        if (!container) throw Error("No such file or directory: " + store->path() + "/" + target);
+        const ContainerInfo& info = container->info;
+        config.image = info.image.empty() ? info.directory : info.image;
+        config.persistent_layer = info.layer;
     }
     // A .sqsh starts with its warm-up list, if `sqbox run --learn-warm-up` made one.
     config.warm_up_directory = default_warm_up_directory();
@@ -548,10 +558,13 @@ int enroot_start(const std::vector<std::string>& args, EnrootSettings settings) 
     if (has_rc_file) config.rc_script = rc_script;
 
     std::optional<ContainerLock> lock;
-    if (container && !container->layer.empty()) {
+    if (container && !container->info.layer.empty()) {
         lock.emplace(*container, settings.rootfs_writable, kLockWaitSeconds);
     }
-    return exit_status_of(run_sandbox(config));
+    const int status = exit_status_of(run_sandbox(config));
+    lock.reset();
+    if (container) store->release(std::move(*container));
+    return status;
 }
 
 int enroot_version(const std::vector<std::string>& args) {

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -455,6 +456,45 @@ def test_concurrent_create_start_remove_keep_the_store_consistent(enroot, busybo
     # No half-made containers, no trash left behind.
     leftovers = [name for name in enroot.store_entries() if name != ".sqbox-store.lock"]
     assert leftovers in ([], ["shared"])
+
+
+def test_a_start_runs_its_own_container_whole_while_the_name_is_removed_and_reused(
+        enroot, busybox_image, tmp_path):
+    # The CI failure this guards against: a start looked its container up by name, a concurrent
+    # `remove -f` deleted the layer under the running sandbox, and /bin/sh vanished from its root.
+    assert enroot("create", "-n", "box", busybox_image).returncode == 0
+    assert enroot("start", "--rw", "box", "sh", "-c", "echo old > /state").returncode == 0
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    script = ("touch /sync/started; while [ ! -e /sync/go ]; do sleep 0.05; done; "
+              "cat /state; ls /bin/sh")
+    running = subprocess.Popen(["enroot", "start", "-m", f"{sync}:/sync", "box", "sh", "-c", script],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=enroot.env)
+    try:
+        deadline = time.monotonic() + 60
+        while not (sync / "started").exists():
+            assert running.poll() is None, running.communicate()
+            assert time.monotonic() < deadline, "the held start never began"
+            time.sleep(0.05)
+        # Meanwhile the name is removed, reused and written: none of it reaches the running start.
+        assert enroot("remove", "-f", "box").returncode == 0
+        assert enroot("list").stdout == ""
+        assert enroot("create", "-n", "box", busybox_image).returncode == 0
+        rewritten = enroot("start", "--rw", "box", "sh", "-c", "echo new > /state")
+        assert rewritten.returncode == 0, rewritten.stderr
+        (sync / "go").touch()
+        out, err = running.communicate(timeout=60)
+    finally:
+        if running.poll() is None:
+            running.kill()
+            running.wait()
+    assert (running.returncode, out) == (0, "old\n/bin/sh\n"), err
+    assert enroot("start", "box", "cat", "/state").stdout == "new\n"
+    # The removed container went with its last start: the store holds the new one only.
+    entries = [name for name in enroot.store_entries() if name != ".sqbox-store.lock"]
+    assert len(entries) == 2 and entries[0].startswith(".sqbox-container-"), entries
+    assert entries[1] == "box" and os.readlink(enroot.data / "box") == entries[0]
 
 
 def test_leftover_trash_is_swept_but_not_while_another_remove_deletes_it(enroot, busybox_image):
