@@ -389,11 +389,10 @@ int enroot_list(const std::vector<std::string>& args, const EnrootSettings& sett
         std::array<std::string, 3> row = {name, "", ""};
         try {
             if (auto container = store.find(name)) {
-                const ContainerInfo& info = container->info;
+                const ContainerInfo& info = container->info();
                 row[1] = human_size(
                     disk_usage(info.layer.empty() ? info.directory : info.layer + "/upper"));
                 row[2] = info.image.empty() ? "(unpacked root filesystem)" : info.image;
-                store.release(std::move(*container));
             }
         } catch (const Error& e) {
             row[2] = std::string("(") + e.what() + ")";
@@ -435,7 +434,7 @@ int enroot_export(const std::vector<std::string>& args, EnrootSettings settings)
     }
 
     SandboxConfig config;
-    const ContainerInfo& info = container->info;
+    const ContainerInfo& info = container->info();
     config.image = info.image.empty() ? info.directory : info.image;
     config.persistent_layer = info.layer;
     config.read_only_root = true;
@@ -444,14 +443,9 @@ int enroot_export(const std::vector<std::string>& args, EnrootSettings settings)
     config.outside_gid = ::getegid();
     config.export_image_path = output;
     config.command = {"export"};
-    int status = 0;
-    {
-        ContainerLock lock(*container, false, kLockWaitSeconds);
-        std::cerr << "[INFO] Creating squashfs filesystem..." << std::endl;
-        status = exit_status_of(run_sandbox(config));
-    }
-    store.release(std::move(*container));
-    return status;
+    ContainerLock lock(*container, false, kLockWaitSeconds);
+    std::cerr << "[INFO] Creating squashfs filesystem..." << std::endl;
+    return exit_status_of(run_sandbox(config));
 }
 
 int enroot_start(const std::vector<std::string>& args, EnrootSettings settings) {
@@ -485,17 +479,16 @@ int enroot_start(const std::vector<std::string>& args, EnrootSettings settings) 
     if (writable) settings.rootfs_writable = true;
 
     SandboxConfig config;
-    std::optional<ContainerStore> store;  // not made for an image started directly
     std::optional<HeldContainer> container;
     if (target.empty()) throw Error("Invalid argument");
     if (is_squashfs(target)) {
         config.image = real_path(target);
     } else {
         if (target.find('/') != std::string::npos) throw Error("Invalid argument: " + target);
-        store.emplace(settings.data_path);
-        container = store->find(target);
-        if (!container) throw Error("No such file or directory: " + store->path() + "/" + target);
-        const ContainerInfo& info = container->info;
+        ContainerStore store(settings.data_path);
+        container = store.find(target);
+        if (!container) throw Error("No such file or directory: " + store.path() + "/" + target);
+        const ContainerInfo& info = container->info();
         config.image = info.image.empty() ? info.directory : info.image;
         config.persistent_layer = info.layer;
     }
@@ -558,13 +551,10 @@ int enroot_start(const std::vector<std::string>& args, EnrootSettings settings) 
     if (has_rc_file) config.rc_script = rc_script;
 
     std::optional<ContainerLock> lock;
-    if (container && !container->info.layer.empty()) {
+    if (container && !container->info().layer.empty()) {
         lock.emplace(*container, settings.rootfs_writable, kLockWaitSeconds);
     }
-    const int status = exit_status_of(run_sandbox(config));
-    lock.reset();
-    if (container) store->release(std::move(*container));
-    return status;
+    return exit_status_of(run_sandbox(config));
 }
 
 int enroot_version(const std::vector<std::string>& args) {

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "util/errors.h"
@@ -91,17 +92,33 @@ std::optional<std::string> container_link_target(const std::string& link) {
     return target;
 }
 
-// Deletes a directory unless someone holds it: a start (shared flock, see find) or another
-// deleter (exclusive flock, held for the whole deletion, so a remove and a concurrent sweep of
-// leftovers never tear down the same tree at once). False when it is held.
+enum class DeletionLock { kTaken, kGone, kHeld, kUnopenable };
+
+// Takes `path`'s directory with an exclusive flock into `directory`, unless someone holds it: a
+// start (shared) or another deleter (exclusive, for the whole deletion, so a remove and a
+// concurrent sweep never tear down the same tree at once).
+DeletionLock lock_for_deletion(const std::string& path, UniqueFd& directory) {
+    directory.reset(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!directory) return errno == ENOENT ? DeletionLock::kGone : DeletionLock::kUnopenable;
+    if (::flock(directory.get(), LOCK_EX | LOCK_NB) == 0) return DeletionLock::kTaken;
+    if (errno != EWOULDBLOCK) throw system_error("cannot lock " + path);
+    directory.reset();
+    return DeletionLock::kHeld;
+}
+
+// Deletes a directory unless someone holds it (see lock_for_deletion); false when held.
 bool delete_unless_held(const std::string& path) {
-    UniqueFd directory(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-    if (directory && ::flock(directory.get(), LOCK_EX | LOCK_NB) != 0) {
-        if (errno == EWOULDBLOCK) return false;
-        throw system_error("cannot lock " + path);
+    UniqueFd directory;
+    switch (lock_for_deletion(path, directory)) {
+        case DeletionLock::kGone:
+            return true;
+        case DeletionLock::kHeld:
+            return false;
+        case DeletionLock::kTaken:       // deleted holding the lock
+        case DeletionLock::kUnopenable:  // mode 000: nobody can hold it; remove_tree fixes that
+            break;
     }
-    if (!directory && errno == ENOENT) return true;
-    remove_tree(path);  // holding the lock; unopenable (mode 000), remove_tree fixes that
+    remove_tree(path);
     return true;
 }
 
@@ -109,7 +126,27 @@ bool same_file(const struct stat& a, const struct stat& b) {
     return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
+template <typename Visit>
+void for_each_entry(const std::string& directory, Visit visit) {
+    std::unique_ptr<DIR, int (*)(DIR*)> dir(::opendir(directory.c_str()), ::closedir);
+    if (!dir) throw system_error("cannot list " + directory);
+    while (dirent* entry = ::readdir(dir.get())) {
+        visit(::dirfd(dir.get()), std::string(entry->d_name));
+    }
+}
+
 }  // namespace
+
+std::string ContainerStore::move_to_trash(const std::string& path) const {
+    // Never over another trash name: that one's container would be orphaned.
+    for (;;) {
+        std::string trash = data_path_ + "/" + kTrashPrefix + random_suffix();
+        if (::renameat2(AT_FDCWD, path.c_str(), AT_FDCWD, trash.c_str(), RENAME_NOREPLACE) == 0) {
+            return trash;
+        }
+        if (errno != EEXIST) throw system_error("cannot remove " + path);
+    }
+}
 
 void ContainerStore::collect_trash(const std::string& trash) const {
     struct stat st {};
@@ -117,46 +154,100 @@ void ContainerStore::collect_trash(const std::string& trash) const {
         if (errno == ENOENT) return;  // collected by someone else
         throw system_error("cannot inspect " + trash);
     }
-    if (!S_ISLNK(st.st_mode)) {
-        (void)delete_unless_held(trash);  // a directory: an older sqbox's container, or enroot's
+    if (S_ISDIR(st.st_mode)) {
+        (void)delete_unless_held(trash);  // an older sqbox's container, or enroot's
         return;
     }
-    if (auto target = container_link_target(trash)) {
-        if (!delete_unless_held(data_path_ + "/" + *target)) return;  // its last start collects it
+    if (S_ISLNK(st.st_mode)) {
+        if (auto target = container_link_target(trash)) {
+            if (!delete_unless_held(data_path_ + "/" + *target)) return;  // its last holder will
+        }
     }
     if (::unlink(trash.c_str()) != 0 && errno != ENOENT) {
         throw system_error("cannot remove " + trash);
     }
 }
 
-void ContainerStore::sweep_trash() const {
-    for (const auto& name : [&] {
-             std::vector<std::string> trash;
-             std::unique_ptr<DIR, int (*)(DIR*)> dir(::opendir(data_path_.c_str()), ::closedir);
-             if (!dir) return trash;
-             while (dirent* entry = ::readdir(dir.get())) {
-                 if (std::string(entry->d_name).rfind(kTrashPrefix, 0) == 0) {
-                     trash.emplace_back(entry->d_name);
-                 }
-             }
-             return trash;
-         }()) {
-        // Leftovers of another remove: a failure here is not this command's.
+void ContainerStore::delete_orphans() const {
+    std::vector<std::pair<std::string, UniqueFd>> orphans;
+    {
+        // Under the store lock, names and trash do not change, and a create holds its directory
+        // exclusively from the moment it exists until it is named.
+        UniqueFd lock = lock_store();
+        std::set<std::string> linked;
+        std::vector<std::string> directories;
+        for_each_entry(data_path_, [&](int dir_fd, const std::string& name) {
+            struct stat st {};
+            if (::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return;
+            if (S_ISLNK(st.st_mode)) {
+                if (auto target = container_link_target(data_path_ + "/" + name)) {
+                    linked.insert(*target);
+                }
+            } else if (S_ISDIR(st.st_mode) && name.rfind(kContainerPrefix, 0) == 0) {
+                directories.push_back(name);
+            }
+        });
+        for (const auto& name : directories) {
+            if (linked.count(name) != 0) continue;
+            const std::string path = data_path_ + "/" + name;
+            UniqueFd held;
+            if (lock_for_deletion(path, held) == DeletionLock::kTaken) {
+                orphans.emplace_back(path, std::move(held));
+            }
+        }
+    }
+    for (const auto& [path, held] : orphans) remove_tree(path);  // still holding each
+}
+
+void ContainerStore::sweep() const {
+    // Leftovers of other commands: a failure here is not this command's.
+    const auto warn = [](const Error& e) { print_error(std::string("warning: ") + e.what()); };
+    std::vector<std::string> trash;
+    try {
+        for_each_entry(data_path_, [&](int, const std::string& name) {
+            if (name.rfind(kTrashPrefix, 0) == 0) trash.push_back(name);
+        });
+    } catch (const Error& e) {
+        warn(e);
+    }
+    for (const auto& name : trash) {
         try {
             collect_trash(data_path_ + "/" + name);
         } catch (const Error& e) {
-            print_error(std::string("warning: ") + e.what());
+            warn(e);
         }
+    }
+    try {
+        delete_orphans();
+    } catch (const Error& e) {
+        warn(e);
     }
 }
 
 void ContainerStore::create(const std::string& name, const std::string& image, bool replace) {
     check_name(name);
     const ImageIdentity identity = identify(image);
-    // The directory is complete before a name points at it, so nobody ever sees it half made.
-    const std::string directory_name = kContainerPrefix + random_suffix();
-    const std::string directory = data_path_ + "/" + directory_name;
-    make_directory(directory, 0700);
+    // The directory is complete before a name points at it, so nobody ever sees it half made;
+    // it is held exclusively from its first instant (made under the store lock) until it is
+    // named, so a sweep never takes it for a killed create's leftover.
+    std::string directory_name;
+    std::string directory;
+    UniqueFd held;
+    {
+        UniqueFd lock = lock_store();
+        for (;;) {
+            directory_name = kContainerPrefix + random_suffix();
+            directory = data_path_ + "/" + directory_name;
+            if (::mkdir(directory.c_str(), 0700) == 0) break;
+            if (errno != EEXIST) throw system_error("cannot create " + directory);
+        }
+        held.reset(::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+        if (!held || ::flock(held.get(), LOCK_EX | LOCK_NB) != 0) {
+            const int err = errno;
+            (void)::rmdir(directory.c_str());
+            throw system_error("cannot create " + directory, err);
+        }
+    }
     try {
         make_directory(directory + "/upper", 0755);
         make_directory(directory + "/work", 0700);
@@ -165,9 +256,9 @@ void ContainerStore::create(const std::string& name, const std::string& image, b
                                    {"inode", identity.inode},
                                    {"size", identity.size},
                                    {"mtime_ns", identity.mtime_ns}};
-        write_file_at(AT_FDCWD, directory + "/" + kMetadataFile, metadata.dump(2) + "\n",
-                      O_EXCL | O_NOFOLLOW, 0600);
-        write_file_at(AT_FDCWD, directory + "/lock", "", O_EXCL | O_NOFOLLOW, 0600);
+        write_file_at(held.get(), kMetadataFile, metadata.dump(2) + "\n", O_EXCL | O_NOFOLLOW,
+                      0600);
+        write_file_at(held.get(), "lock", "", O_EXCL | O_NOFOLLOW, 0600);
     } catch (...) {
         remove_tree(directory);
         throw;
@@ -183,14 +274,16 @@ void ContainerStore::create(const std::string& name, const std::string& image, b
                 remove_tree(directory);
                 throw Error("File already exists: " + target);
             }
-            trash = data_path_ + "/" + kTrashPrefix + random_suffix();
-            if (::rename(target.c_str(), trash.c_str()) != 0) {
+            try {
+                trash = move_to_trash(target);
+            } catch (const Error&) {
                 remove_tree(directory);
-                throw system_error("cannot replace " + target);
+                throw;
             }
         }
         if (::symlink(directory_name.c_str(), target.c_str()) != 0) {
             const int err = errno;
+            if (!trash.empty()) (void)::rename(trash.c_str(), target.c_str());  // as it was
             remove_tree(directory);
             throw system_error("cannot create " + target, err);
         }
@@ -201,21 +294,19 @@ void ContainerStore::create(const std::string& name, const std::string& image, b
 void ContainerStore::remove(const std::string& name) {
     check_name(name);
     const std::string target = data_path_ + "/" + name;
-    const std::string trash = data_path_ + "/" + kTrashPrefix + random_suffix();
+    std::string trash;
     {
         UniqueFd lock = lock_store();
         struct stat st {};
         if (::stat(target.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
             throw Error("No such file or directory: " + target);
         }
-        if (::rename(target.c_str(), trash.c_str()) != 0) {
-            throw system_error("cannot remove " + target);
-        }
+        trash = move_to_trash(target);
     }
-    // Outside the lock: deleting a large layer must not hold up other containers. Trash that an
-    // interrupted remove left behind, or that a start still held, goes too.
+    // Outside the lock: deleting a large layer must not hold up other containers. Leftovers of
+    // interrupted commands, and trash that a start held until now, go too.
     collect_trash(trash);
-    sweep_trash();
+    sweep();
 }
 
 std::optional<std::string> ContainerStore::directory_of(const std::string& name) const {
@@ -239,28 +330,35 @@ std::optional<HeldContainer> ContainerStore::find(const std::string& name) const
     for (int attempt = 0; attempt < 100; ++attempt) {
         std::optional<std::string> path = directory_of(name);
         if (!path) return std::nullopt;
-        HeldContainer held;
-        held.directory.reset(::open(path->c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-        if (!held.directory) {
+        HeldContainer held(*this);
+        held.info_.name = name;
+        held.info_.directory = *path;
+        held.directory_.reset(::open(path->c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+        if (!held.directory_) {
             if (errno == ENOENT) continue;  // deleted since
             throw system_error("cannot open container " + name);
         }
-        if (::flock(held.directory.get(), LOCK_SH | LOCK_NB) != 0) {
+        if (::flock(held.directory_.get(), LOCK_SH | LOCK_NB) != 0) {
             if (errno == EWOULDBLOCK) continue;  // being deleted
             throw system_error("cannot lock container " + name);
         }
-        // Held now, so it cannot be deleted from here on; it must not have been deleted before.
+        held.locked_ = true;
+        // Held now, so no deletion starts from here on. One may have started and stopped half
+        // way (killed) before; but deletion only ever follows a remove, so a container that its
+        // name still means was never touched. (If it was removed, letting go of it here sweeps
+        // what a deleter may have left because of this brief hold.)
         struct stat opened {};
         struct stat there {};
-        if (::fstat(held.directory.get(), &opened) != 0) {
+        if (::fstat(held.directory_.get(), &opened) != 0) {
             throw system_error("cannot inspect container " + name);
         }
-        if (::stat(path->c_str(), &there) != 0 || !same_file(opened, there)) continue;
+        if (::stat(path->c_str(), &there) != 0 || !same_file(opened, there) ||
+            directory_of(name) != path) {
+            continue;
+        }
 
-        held.info.name = name;
-        held.info.directory = *path;
         UniqueFd metadata_fd(
-            ::openat(held.directory.get(), kMetadataFile, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+            ::openat(held.directory_.get(), kMetadataFile, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
         if (!metadata_fd) {
             if (errno == ENOENT) return held;  // a root filesystem unpacked by enroot itself
             throw system_error("cannot open the metadata of container " + name);
@@ -268,60 +366,70 @@ std::optional<HeldContainer> ContainerStore::find(const std::string& name) const
         try {
             const nlohmann::json metadata =
                 nlohmann::json::parse(read_all(metadata_fd.get(), "container " + name));
-            held.info.image = metadata.at("image").get<std::string>();
+            held.info_.image = metadata.at("image").get<std::string>();
             const ImageIdentity recorded{
                 metadata.at("device").get<uint64_t>(), metadata.at("inode").get<uint64_t>(),
                 metadata.at("size").get<uint64_t>(), metadata.at("mtime_ns").get<int64_t>()};
-            if (!(identify(held.info.image) == recorded)) {
-                throw Error("the image " + held.info.image + " of container " + name +
+            if (!(identify(held.info_.image) == recorded)) {
+                throw Error("the image " + held.info_.image + " of container " + name +
                             " changed since the container was created; create it again");
             }
         } catch (const nlohmann::json::exception& e) {
             throw Error("container " + name + " has unreadable metadata: " + e.what());
         }
-        held.info.layer = held.info.directory;
+        held.info_.layer = held.info_.directory;
         return held;
     }
     return std::nullopt;
 }
 
-void ContainerStore::release(HeldContainer container) const {
-    container.directory.reset();
+HeldContainer& HeldContainer::operator=(HeldContainer&& other) noexcept {
+    if (this != &other) {
+        let_go();
+        store_ = std::move(other.store_);
+        info_ = std::move(other.info_);
+        directory_ = std::move(other.directory_);
+        locked_ = other.locked_;
+    }
+    return *this;
+}
+
+void HeldContainer::let_go() noexcept {
+    if (!directory_) return;
+    directory_.reset();
+    if (!locked_) return;
     // Removed or replaced while it was held: its remover left it to its last holder. A failure
-    // here is not the start's: the next remove sweeps again.
+    // here is not the holder's: the next remove sweeps again.
     try {
-        if (directory_of(container.info.name) != container.info.directory) sweep_trash();
-    } catch (const Error& e) {
+        if (store_.directory_of(info_.name) != info_.directory) store_.sweep();
+    } catch (const std::exception& e) {
         print_error(std::string("warning: ") + e.what());
     }
 }
 
 std::vector<std::string> ContainerStore::names() const {
     std::vector<std::string> names;
-    std::unique_ptr<DIR, int (*)(DIR*)> dir(::opendir(data_path_.c_str()), ::closedir);
-    if (!dir) throw system_error("cannot list " + data_path_);
-    while (dirent* entry = ::readdir(dir.get())) {
-        std::string name = entry->d_name;
-        if (name.empty() || name.front() == '.') continue;
+    for_each_entry(data_path_, [&](int dir_fd, std::string name) {
+        if (name.empty() || name.front() == '.') return;
         struct stat st {};
-        if (::fstatat(::dirfd(dir.get()), name.c_str(), &st, 0) == 0 && S_ISDIR(st.st_mode)) {
+        if (::fstatat(dir_fd, name.c_str(), &st, 0) == 0 && S_ISDIR(st.st_mode)) {
             names.push_back(std::move(name));
         }
-    }
+    });
     std::sort(names.begin(), names.end());
     return names;
 }
 
 ContainerLock::ContainerLock(const HeldContainer& container, bool exclusive, int wait_seconds) {
-    const std::string path = container.info.directory + "/lock";
-    fd_.reset(::openat(container.directory.get(), "lock", O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    const std::string path = container.info().directory + "/lock";
+    fd_.reset(::openat(container.directory_fd(), "lock", O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
     if (!fd_) throw system_error("cannot open " + path);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(wait_seconds);
     const int operation = (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB;
     while (::flock(fd_.get(), operation) != 0) {
         if (errno != EWOULDBLOCK && errno != EINTR) throw system_error("cannot lock " + path);
         if (std::chrono::steady_clock::now() >= deadline) {
-            throw Error("Could not acquire rootfs lock: container " + container.info.name +
+            throw Error("Could not acquire rootfs lock: container " + container.info().name +
                         " is in use");
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(20));

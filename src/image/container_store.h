@@ -14,7 +14,11 @@
 // directory never moves: a remove or a replace renames the name to DATA/.sqbox-trash-XXXXXXXX
 // and deletes the directory only when no start holds it (flock: shared by each start, exclusive
 // while deleting). The last start to let go of a removed container deletes it; so a start runs
-// the container its name meant when it began, whole, whatever happens to the name meanwhile.
+// the container its name meant when it began, whole, whatever happens to the name meanwhile. A
+// start holds a container only while its name still means it, so it never holds one that a
+// killed remove left half deleted. A create holds its new directory exclusively until it names
+// it; sweeps (after each remove, and by a start that lets go of a removed container) delete
+// unheld trash and the directories nothing names (a killed create's).
 #pragma once
 
 #include <cstdint>
@@ -34,13 +38,7 @@ struct ContainerInfo {
     uint64_t layer_bytes = 0;  // what the persistent layer holds (list --fancy)
 };
 
-// A container found in the store, with a shared flock on its directory: while it is held, its
-// directory is not deleted, even if the container is removed or replaced, and `info`'s paths keep
-// naming it (not NAME, which may come to mean another container).
-struct HeldContainer {
-    ContainerInfo info;
-    UniqueFd directory;
-};
+class HeldContainer;
 
 class ContainerStore {
   public:
@@ -59,27 +57,56 @@ class ContainerStore {
     // Removes NAME; throws "No such file or directory" when there is none.
     void remove(const std::string& name);
 
-    // The container NAME, held until `release`, or nullopt. Throws if its image changed since it
-    // was created.
+    // The container NAME, held for as long as the result lives, or nullopt. Throws if its image
+    // changed since it was created.
     [[nodiscard]] std::optional<HeldContainer> find(const std::string& name) const;
-
-    // Lets go of a container; if it was removed or replaced meanwhile and nobody else holds it,
-    // deletes it (with any other trash no longer held).
-    void release(HeldContainer container) const;
 
     // All container names, sorted.
     [[nodiscard]] std::vector<std::string> names() const;
 
   private:
+    friend class HeldContainer;
+
     [[nodiscard]] UniqueFd lock_store() const;
     // NAME's directory, or nullopt when there is no container NAME.
     [[nodiscard]] std::optional<std::string> directory_of(const std::string& name) const;
+    // Renames `path` (a name: a link or a directory) to a new trash name, which it returns.
+    [[nodiscard]] std::string move_to_trash(const std::string& path) const;
     // Deletes what a removed name leaves: the container's directory unless a start holds it (the
     // trash symlink then stays, for the last start to find), and the name itself.
     void collect_trash(const std::string& trash) const;
-    void sweep_trash() const;
+    // Collects all trash nobody holds, and the container directories that neither a name nor
+    // trash links to (a create killed before it named its container leaves one).
+    void sweep() const;
+    void delete_orphans() const;
 
     std::string data_path_;
+};
+
+// A container found in the store, with a shared flock on its directory: while it is held, its
+// directory is not deleted, even if the container is removed or replaced, and `info`'s paths keep
+// naming it (not NAME, which may come to mean another container). Letting go of it (destruction)
+// deletes it if it was removed meanwhile and nobody else holds it.
+class HeldContainer {
+  public:
+    HeldContainer(HeldContainer&& other) noexcept = default;
+    HeldContainer& operator=(HeldContainer&& other) noexcept;
+    HeldContainer(const HeldContainer&) = delete;
+    HeldContainer& operator=(const HeldContainer&) = delete;
+    ~HeldContainer() { let_go(); }
+
+    [[nodiscard]] const ContainerInfo& info() const { return info_; }
+    [[nodiscard]] int directory_fd() const { return directory_.get(); }
+
+  private:
+    friend class ContainerStore;
+    explicit HeldContainer(ContainerStore store) : store_(std::move(store)) {}
+    void let_go() noexcept;
+
+    ContainerStore store_;
+    ContainerInfo info_;
+    UniqueFd directory_;
+    bool locked_ = false;
 };
 
 // Holds a container's lock for as long as it lives: shared for a read-only start, exclusive for a

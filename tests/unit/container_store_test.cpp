@@ -1,6 +1,6 @@
 // The container store's promises when creates, starts and removes overlap: a held container is
-// whole until released, its paths keep naming it, and what a remove leaves is gone once nobody
-// holds it.
+// whole until let go of, its paths keep naming it, and what a remove (or a killed command) leaves
+// is gone once nobody holds it.
 #include "image/container_store.h"
 
 #include <fcntl.h>
@@ -61,10 +61,10 @@ TEST_F(ContainerStoreTest, ANameIsASymlinkToTheContainersOwnDirectory) {
 
     auto held = store.find("box");
     ASSERT_TRUE(held);
-    EXPECT_EQ(fs::path(held->info.directory), directory);
-    EXPECT_EQ(held->info.layer, held->info.directory);
-    EXPECT_EQ(held->info.image, image_.string());
-    store.release(std::move(*held));
+    EXPECT_EQ(fs::path(held->info().directory), directory);
+    EXPECT_EQ(held->info().layer, held->info().directory);
+    EXPECT_EQ(held->info().image, image_.string());
+    held.reset();
     EXPECT_FALSE(store.find("elsewhere"));
 }
 
@@ -76,12 +76,12 @@ TEST_F(ContainerStoreTest, RemoveDeletesAContainerNobodyHolds) {
     EXPECT_THROW(store.remove("box"), Error);
 }
 
-TEST_F(ContainerStoreTest, AHeldContainerOutlivesItsRemoveAndItsReplacementUntilReleased) {
+TEST_F(ContainerStoreTest, AHeldContainerOutlivesItsRemoveAndItsReplacementUntilLetGo) {
     ContainerStore store(data_);
     store.create("box", image_, false);
     auto held = store.find("box");
     ASSERT_TRUE(held);
-    const fs::path directory = held->info.directory;
+    const fs::path directory = held->info().directory;
     write(directory / "upper" / "state", "old");
 
     // A remove frees the name at once but leaves the directory to its holder...
@@ -96,13 +96,13 @@ TEST_F(ContainerStoreTest, AHeldContainerOutlivesItsRemoveAndItsReplacementUntil
     store.create("box", image_, true);
     auto current = store.find("box");
     ASSERT_TRUE(current);
-    EXPECT_NE(fs::path(current->info.directory), directory);
-    EXPECT_FALSE(fs::exists(fs::path(current->info.directory) / "upper" / "state"));
+    EXPECT_NE(fs::path(current->info().directory), directory);
+    EXPECT_FALSE(fs::exists(fs::path(current->info().directory) / "upper" / "state"));
     EXPECT_TRUE(fs::exists(directory / "upper" / "state"));
-    store.release(std::move(*current));
+    current.reset();
 
-    // ...and the last holder's release deletes it, with the name it was removed under.
-    store.release(std::move(*held));
+    // ...and letting go of the last hold deletes it, with the name it was removed under.
+    held.reset();
     EXPECT_FALSE(fs::exists(directory));
     const std::vector<std::string> left = entries();
     ASSERT_EQ(left.size(), 2U);
@@ -110,17 +110,17 @@ TEST_F(ContainerStoreTest, AHeldContainerOutlivesItsRemoveAndItsReplacementUntil
     EXPECT_EQ(left[1], "box");
 }
 
-TEST_F(ContainerStoreTest, ReleasingAContainerThatStillHasItsNameDeletesNothing) {
+TEST_F(ContainerStoreTest, LettingGoOfARemovedContainerAnotherStartHoldsDeletesNothing) {
     ContainerStore store(data_);
     store.create("box", image_, false);
     auto first = store.find("box");
     auto second = store.find("box");
     ASSERT_TRUE(first && second);
-    const fs::path directory = first->info.directory;
+    const fs::path directory = first->info().directory;
     store.remove("box");
-    store.release(std::move(*first));
+    first.reset();
     EXPECT_TRUE(fs::exists(directory)) << "deleted while another start held it";
-    store.release(std::move(*second));
+    second.reset();
     EXPECT_EQ(entries(), std::vector<std::string>{});
 }
 
@@ -146,12 +146,47 @@ TEST_F(ContainerStoreTest, RemovingANameThatLinksOutsideTheStoreKeepsItsTarget) 
     fs::create_directory_symlink(elsewhere, data_ / "mine");
     auto held = store.find("mine");
     ASSERT_TRUE(held);
-    EXPECT_TRUE(held->info.image.empty());
-    store.release(std::move(*held));
+    EXPECT_TRUE(held->info().image.empty());
+    held.reset();
     store.remove("mine");
     EXPECT_FALSE(fs::exists(data_ / "mine"));
     EXPECT_TRUE(fs::is_directory(elsewhere / "bin"));
     EXPECT_EQ(entries(), std::vector<std::string>{});
+}
+
+TEST_F(ContainerStoreTest, ADirectoryAKilledCreateLeftIsSweptButNotOneBeingCreated) {
+    ContainerStore store(data_);
+    store.create("box", image_, false);
+    const fs::path killed = data_ / ".sqbox-container-0000dead";
+    fs::create_directories(killed / "upper" / "deep");
+    write(killed / "upper" / "deep" / "file", "x");
+    // A create in progress holds its directory exclusively until it is named.
+    const fs::path creating = data_ / ".sqbox-container-0000beef";
+    fs::create_directories(creating / "upper");
+    const int being_created = ::open(creating.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    ASSERT_GE(being_created, 0);
+    ASSERT_EQ(::flock(being_created, LOCK_EX), 0);
+
+    store.create("other", image_, false);
+    store.remove("other");  // sweeps
+    EXPECT_FALSE(fs::exists(killed));
+    EXPECT_TRUE(fs::exists(creating / "upper"));
+    auto box = store.find("box");
+    ASSERT_TRUE(box) << "a named container was swept";
+    EXPECT_TRUE(fs::exists(fs::path(box->info().directory) / "upper"));
+    ::close(being_created);
+}
+
+TEST_F(ContainerStoreTest, ReplacingANameThatIsAFileLeavesNoTrash) {
+    ContainerStore store(data_);
+    fs::create_directories(data_);
+    write(data_ / "box", "not a container");
+    store.create("box", image_, true);
+    EXPECT_TRUE(store.find("box"));
+    const std::vector<std::string> left = entries();
+    ASSERT_EQ(left.size(), 2U);
+    EXPECT_EQ(left[0].rfind(".sqbox-container-", 0), 0U);
+    EXPECT_EQ(left[1], "box");
 }
 
 }  // namespace
