@@ -497,6 +497,18 @@ def test_a_start_runs_its_own_container_whole_while_the_name_is_removed_and_reus
     assert entries[1] == "box" and os.readlink(enroot.data / "box") == entries[0]
 
 
+def test_the_held_containers_descriptors_stay_outside_the_sandbox(enroot, busybox_image):
+    # The front end holds the container's directory (and its lock file) open for the whole start:
+    # a descriptor on the host's store inside the sandbox would be a way out (openat from it).
+    assert enroot("create", "-n", "box", busybox_image).returncode == 0
+    listing = enroot("start", "box", "sh", "-c",
+                     "for fds in /proc/[0-9]*/fd; do echo $fds; ls -l $fds 2>&1; done")
+    assert listing.returncode == 0, listing.stderr
+    assert "/proc/1/fd" in listing.stdout and " 2 -> " in listing.stdout, listing.stdout
+    for leaked in (".sqbox-container-", "container.json", str(enroot.data)):
+        assert leaked not in listing.stdout, listing.stdout
+
+
 def test_leftover_trash_is_swept_but_not_while_another_remove_deletes_it(enroot, busybox_image):
     # A remove deletes its container's tree outside the store lock, holding a flock on it; a
     # concurrent remove sweeping leftovers must leave that tree alone (deleting it at the same

@@ -106,7 +106,7 @@ TEST_F(ContainerStoreTest, AHeldContainerOutlivesItsRemoveAndItsReplacementUntil
     EXPECT_FALSE(fs::exists(directory));
     const std::vector<std::string> left = entries();
     ASSERT_EQ(left.size(), 2U);
-    EXPECT_EQ(left[0], ".sqbox-container-" + left[0].substr(17));
+    EXPECT_EQ(left[0].rfind(".sqbox-container-", 0), 0U);
     EXPECT_EQ(left[1], "box");
 }
 
