@@ -160,7 +160,14 @@ class AsyncSandbox:
         future: "asyncio.Future[Dict[str, Any]]" = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         try:
-            await self._send(proto.encode(dict(message, id=request_id)))
+            try:
+                await self._send(proto.encode(dict(message, id=request_id)))
+            except SqboxError as send_error:
+                # As in the blocking client: the reader's connection-lost error says why.
+                try:
+                    return await asyncio.wait_for(future, proto.LOST_REPORT_WAIT)
+                except asyncio.TimeoutError:
+                    raise send_error from None
             if timeout is None:
                 return await future
             return await asyncio.wait_for(future, timeout)

@@ -27,6 +27,9 @@ ToolsArg = Union[Mapping[str, Callable[..., Any]], Iterable[Callable[..., Any]],
 MAX_LINE = 256 * 1024 * 1024
 # How long close() lets the server wind down (kill every sandbox) before killing it.
 CLOSE_TIMEOUT = 10.0
+# How long a request whose send found the server gone waits for the reader's account of why
+# (exit status and last stderr lines; the reader itself waits at most 5 s + 2 s for them).
+LOST_REPORT_WAIT = 10.0
 # How much of the server's stderr is kept for error messages.
 STDERR_TAIL = 64 * 1024
 

@@ -241,7 +241,10 @@ class Sandbox:
             self._pending[request_id] = future
         message = dict(message, id=request_id)
         try:
-            self._send(proto.encode(message))
+            try:
+                self._send(proto.encode(message))
+            except SqboxError as send_error:
+                return self._reply_after_failed_send(future, send_error)
             return future.result(timeout)
         except FutureTimeout:
             raise SqboxError(f"no reply to {message['op']!r} within {timeout} s",
@@ -250,6 +253,17 @@ class Sandbox:
             # Answered, the reader already took it out; else nobody will answer it now.
             with self._lock:
                 self._pending.pop(request_id, None)
+
+    @staticmethod
+    def _reply_after_failed_send(future: "Future[Dict[str, Any]]",
+                                 send_error: SqboxError) -> Dict[str, Any]:
+        # The server exited before reading the request. Its stderr may not be drained yet, so
+        # the reader's connection-lost error (status and stderr, set on every pending request
+        # once the pipes close) says why; the bare send error would not.
+        try:
+            return future.result(proto.LOST_REPORT_WAIT)
+        except FutureTimeout:
+            raise send_error from None
 
     def _check_usable(self) -> None:
         if self._closed:

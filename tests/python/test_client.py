@@ -179,6 +179,44 @@ def test_sandbox_with_bad_image_raises_and_leaves_nothing(sqbox_bin, tmp_path):
     assert set(proctools.children(os.getpid())) <= before
 
 
+def _send_only_after_the_server_exited(monkeypatch, cls, is_async):
+    """Delay each send until the server is gone: the interleaving CI once hit by chance."""
+    original = cls._send
+
+    def late_send(self, line):
+        self._proc.wait()
+        return original(self, line)
+
+    async def late_send_async(self, line):
+        await self._proc.wait()
+        return await original(self, line)
+
+    monkeypatch.setattr(cls, "_send", late_send_async if is_async else late_send)
+
+
+def test_sandbox_whose_server_exits_before_the_first_request_says_why(
+        sqbox_bin, tmp_path, monkeypatch):
+    _send_only_after_the_server_exited(monkeypatch, sqbox.Sandbox, is_async=False)
+    with pytest.raises(sqbox.SqboxError) as caught:
+        sqbox.Sandbox(tmp_path / "missing.sqsh", binary=sqbox_bin)
+    assert "failed to start (exit status" in str(caught.value)
+    assert "missing.sqsh" in str(caught.value) and "missing.sqsh" in caught.value.stderr
+
+
+def test_async_sandbox_whose_server_exits_before_the_first_request_says_why(
+        sqbox_bin, tmp_path, monkeypatch):
+    _send_only_after_the_server_exited(monkeypatch, sqbox.AsyncSandbox, is_async=True)
+
+    async def scenario():
+        async with sqbox.AsyncSandbox(tmp_path / "missing.sqsh", binary=sqbox_bin):
+            pass
+
+    with pytest.raises(sqbox.SqboxError) as caught:
+        asyncio.run(scenario())
+    assert "failed to start (exit status" in str(caught.value)
+    assert "missing.sqsh" in str(caught.value) and "missing.sqsh" in caught.value.stderr
+
+
 # ---------------------------------------------------------------------------------------------
 # Sessions
 
