@@ -134,9 +134,15 @@ class AsyncSandbox:
         except asyncio.TimeoutError:
             proc.kill()
             await proc.wait()
+        # Bounded, as in the blocking client: the server is gone, so its pipes reach EOF at once
+        # unless something else still holds them.
         for task in (self._reader, self._stderr_task):
             if task is not None:
-                await asyncio.gather(task, return_exceptions=True)
+                try:
+                    await asyncio.wait_for(asyncio.gather(task, return_exceptions=True),
+                                           CLOSE_TIMEOUT)
+                except asyncio.TimeoutError:
+                    pass  # wait_for cancelled the task
         for task in list(self._tool_tasks):
             task.cancel()
 

@@ -191,9 +191,10 @@ def test_a_root_run_removes_its_cgroups_from_every_hierarchy(sqbox, busybox_imag
     if os.geteuid() != 0:
         pytest.skip("needs root: an ordinary user's sandbox gets a cgroup only with --cgroup")
     options = ["--timeout", "1.5"] if ending == "timeout" else []
-    script = "echo ready; sleep 30" if ending == "timeout" else "echo ready; sleep 0.5"
+    # The exiting run ends when the test, having looked at its cgroups, closes its stdin.
+    script = "echo ready; sleep 30" if ending == "timeout" else "echo ready; cat >/dev/null"
     proc = sqbox.popen(busybox_image, "sh", "-c", script, options=options,
-                       stdout=subprocess.PIPE, text=True)
+                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline() == "ready\n"
     made = sandbox_cgroups_of(proc.pid)
     # One per v1 hierarchy (memory and pids), or one cgroup v2 directory.

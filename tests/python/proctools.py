@@ -45,6 +45,20 @@ def descendants(pid):
     return result
 
 
+def wait_for_descendants(pid, command, count=1, timeout=30.0):
+    """pid's descendants (as descendants()) once `count` of them run `command` (a cmdline with
+    spaces for NULs); fails if they do not appear within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = descendants(pid)
+        running = [p for p in found if cmdline(p).strip() == command]
+        if len(running) >= count:
+            return found
+        assert time.monotonic() < deadline, \
+            f"{count} x {command!r} not running below {pid} after {timeout} s"
+        time.sleep(0.02)
+
+
 def still_alive(processes):
     """Those of {pid: start time} that still run (same pid and same start time)."""
     return sorted(pid for pid, start in processes.items() if _start_time(pid) == start)

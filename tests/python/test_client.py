@@ -265,7 +265,7 @@ def test_timeout_interrupts_and_session_survives(session):
     result = session.execute("while True: pass", timeout=1)
     assert result.timed_out
     assert result.error is not None and result.error.type == "KeyboardInterrupt"
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 10
     assert session.execute("kept").value == "'yes'"
 
 
@@ -375,13 +375,23 @@ def test_sandbox_defaults_apply_and_can_be_overridden(sqbox_bin, python_image):
             assert sess.execute("while True: pass").timed_out
 
 
+# Code that says (through a tool) that it runs, then sleeps: the test acts only once it runs.
+SLEEP_ONCE_RUNNING = "tools.running()\nimport time\ntime.sleep(30)"
+
+
+def _start_sleeping_execute(sess, running):
+    outcome = []
+    worker = threading.Thread(target=lambda: outcome.append(
+        _capture(sess.execute, SLEEP_ONCE_RUNNING)))
+    worker.start()
+    assert running.wait(30), "the execute never started"
+    return worker, outcome
+
+
 def test_reset_fails_a_running_execute_then_works(sandbox):
-    with sandbox.session() as sess:
-        outcome = []
-        worker = threading.Thread(target=lambda: outcome.append(
-            _capture(sess.execute, "import time\ntime.sleep(30)")))
-        worker.start()
-        time.sleep(0.5)
+    running = threading.Event()
+    with sandbox.session(tools={"running": running.set}) as sess:
+        worker, outcome = _start_sleeping_execute(sess, running)
         sess.reset()
         worker.join(timeout=5)
         assert not worker.is_alive(), "execute still waiting after a reset"
@@ -390,12 +400,9 @@ def test_reset_fails_a_running_execute_then_works(sandbox):
 
 
 def test_closing_a_session_fails_its_running_execute(sandbox):
-    sess = sandbox.session()
-    outcome = []
-    worker = threading.Thread(target=lambda: outcome.append(
-        _capture(sess.execute, "import time\ntime.sleep(30)")))
-    worker.start()
-    time.sleep(0.5)
+    running = threading.Event()
+    sess = sandbox.session(tools={"running": running.set})
+    worker, outcome = _start_sleeping_execute(sess, running)
     sess.close()
     worker.join(timeout=5)
     assert not worker.is_alive(), "execute still waiting after its session was closed"
@@ -519,8 +526,8 @@ def test_close_leaves_no_process(sqbox_bin, python_image):
     in_flight = []
     runner = threading.Thread(target=lambda: in_flight.append(_capture(box.run, ["sleep", "1000"])))
     runner.start()
-    time.sleep(0.5)  # let the run's sandbox start
-    processes = proctools.descendants(box.pid)
+    # The session's sleep and the run's: both sandboxes are up.
+    processes = proctools.wait_for_descendants(box.pid, "sleep 1000", count=2)
     # server, the session's and the run's sandbox processes (supervisor, FUSE server, init, ...)
     assert len(processes) >= 5, {p: proctools.cmdline(p) for p in processes}
     box.close()
@@ -577,11 +584,13 @@ import sqbox
 box = sqbox.Sandbox({image!r}, binary={binary!r})
 sess = box.session()
 sess.execute("import subprocess; subprocess.Popen(['sleep', '1000'])")
-busy = box.session()
+busy_running = threading.Event()
+busy = box.session(tools={{"running": busy_running.set}})
 # Killed mid-request: a run and an exec (neither with a timeout) are in progress.
 threading.Thread(target=box.run, args=(["sleep", "1000"],), daemon=True).start()
-threading.Thread(target=busy.execute, args=("while True: pass",), daemon=True).start()
-time.sleep(0.5)
+threading.Thread(target=busy.execute, args=("tools.running()\\nwhile True: pass",),
+                 daemon=True).start()
+assert busy_running.wait(60)
 print(json.dumps({{"server": box.pid}}), flush=True)
 time.sleep(1000)
 """
@@ -596,7 +605,8 @@ def test_kill_9_of_the_client_leaves_nothing(sqbox_bin, python_image):
         line = client.stdout.readline()
         assert line, "client script failed"
         server = json.loads(line)["server"]
-        processes = proctools.descendants(client.pid)
+        # The session's sleep and the run's: both sandboxes are up.
+        processes = proctools.wait_for_descendants(client.pid, "sleep 1000", count=2)
         assert server in processes
         assert len(processes) >= 8, {p: proctools.cmdline(p) for p in processes}
         client.kill()

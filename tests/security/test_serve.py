@@ -12,6 +12,7 @@ import threading
 import time
 
 import pytest
+from escape_support import processes_with, wait_until_gone
 
 
 class Server:
@@ -214,27 +215,19 @@ def test_socket_is_private_to_its_owner(server, tmp_path):
 def test_killing_the_server_leaves_no_sandbox_behind(server, marker):
     srv = server()
     s = open_session(srv, "s")
-    srv.send({"id": "long", "op": "run", "command": ["sleep", "300", marker]})
-    execute(srv, s, f"import subprocess; subprocess.Popen(['sleep', '300', '{marker}']); 1", "bg")
-    time.sleep(0.5)
+    # The marker rides in argv; sleep itself would take it for a bad interval and exit at once.
+    sleeper = ["python3", "-c", "import time; time.sleep(300)", marker]
+    srv.send({"id": "long", "op": "run", "command": sleeper})
+    execute(srv, s, f"import subprocess; subprocess.Popen({sleeper!r}); 1", "bg")
+    # Both (the run's and the session's child) run before the server is killed.
+    deadline = time.monotonic() + 30
+    while len(processes_with(marker)) < 2:
+        assert time.monotonic() < deadline, ("the marked sleepers never started", srv.responses)
+        time.sleep(0.02)
     srv.proc.kill()
     srv.proc.wait()
-    deadline = time.monotonic() + 10
-    while True:
-        leftovers = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if marker.encode() in f.read():
-                        leftovers.append(int(entry))
-            except OSError:
-                pass
-        if not leftovers:
-            break
-        assert time.monotonic() < deadline, f"processes left: {leftovers}"
-        time.sleep(0.1)
+    leftovers = wait_until_gone(marker, seconds=10)
+    assert leftovers == [], f"processes left: {leftovers}"
 
 
 # The driver's protocol fd, as session code finds it: the driver moved the channel it inherited
