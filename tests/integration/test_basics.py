@@ -5,6 +5,8 @@ import signal
 import subprocess
 import time
 
+from host_processes import PRINT_PID_NAMESPACE, wait_until_pid_namespace_is_empty
+
 
 def test_python_prints_hello(sqbox, python_image):
     result = sqbox.run(python_image, "python3", "-c", 'print("hello")')
@@ -146,10 +148,13 @@ def test_signals_are_forwarded_to_the_payload(sqbox, python_image):
 
 def test_orphans_die_with_the_payload(sqbox, busybox_image):
     start = time.monotonic()
-    result = sqbox.run(busybox_image, "sh", "-c", "sleep 1000 & sleep 1000 & echo started")
+    result = sqbox.run(busybox_image, "sh", "-c",
+                       PRINT_PID_NAMESPACE + "sleep 1000 & sleep 1000 & echo started")
     assert result.returncode == 0
-    assert result.stdout == "started\n"
+    namespace, started = result.stdout.split()
+    assert started == "started"
     assert time.monotonic() - start < 20
+    assert wait_until_pid_namespace_is_empty(namespace) == []
 
 
 def test_directory_image(sqbox, busybox_image, tmp_path):

@@ -7,6 +7,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from host_processes import PRINT_PID_NAMESPACE, wait_until_pid_namespace_is_empty
 
 FUSE_CONNECTIONS = Path("/sys/fs/fuse/connections")
 
@@ -40,11 +41,17 @@ class Snapshot:
         self.shm = sorted(os.listdir("/dev/shm"))
 
 
-def assert_clean(before, token, wait=0.0):
+def assert_clean(before, token, wait=0.0, pid_namespace=None):
+    """Nothing left: no process with the token (sqbox's own carry the launcher's argv), none in
+    the sandbox's pid namespace if given (the payload's children carry no token), no mount, FUSE
+    connection or temp file."""
     deadline = time.monotonic() + wait
     while processes_with(token) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert processes_with(token) == [], "sandbox processes left behind"
+    if pid_namespace is not None:
+        left = wait_until_pid_namespace_is_empty(pid_namespace, max(wait, 1.0))
+        assert left == [], f"processes left in the sandbox's pid namespace: {left}"
     def new_connections():
         # Connections of earlier runs may still be going away: only new ones are debris.
         return sorted(set(fuse_connections()) - set(before.fuse))
@@ -76,24 +83,26 @@ def test_fusectl_visibility_is_reported():
 
 def test_after_normal_exit(sqbox, python_image, token):
     before = Snapshot()
-    result = sqbox.run(python_image, "sh", "-c", "sleep 100 & python3 -c pass; exit 3", token)
+    result = sqbox.run(python_image, "sh", "-c",
+                       PRINT_PID_NAMESPACE + "sleep 100 & python3 -c pass; exit 3", token)
     assert result.returncode == 3
-    assert_clean(before, token)
+    assert_clean(before, token, pid_namespace=result.stdout.split()[0])
 
 
 def test_after_timeout(sqbox, busybox_image, token):
     before = Snapshot()
-    result = sqbox.run(busybox_image, "sh", "-c", "sleep 100 & sleep 100", token,
-                       options=["--timeout", "0.5"])
+    result = sqbox.run(busybox_image, "sh", "-c", PRINT_PID_NAMESPACE + "sleep 100 & sleep 100",
+                       token, options=["--timeout", "0.5"])
     assert result.returncode == 124
-    assert_clean(before, token)
+    assert_clean(before, token, pid_namespace=result.stdout.split()[0])
 
 
 def test_after_payload_crash(sqbox, busybox_image, token):
     before = Snapshot()
-    result = sqbox.run(busybox_image, "sh", "-c", "sleep 100 & kill -SEGV $$", token)
+    result = sqbox.run(busybox_image, "sh", "-c", PRINT_PID_NAMESPACE + "sleep 100 & kill -SEGV $$",
+                       token)
     assert result.returncode == 128 + signal.SIGSEGV
-    assert_clean(before, token)
+    assert_clean(before, token, pid_namespace=result.stdout.split()[0])
 
 
 def test_after_setup_failure(sqbox, busybox_image, token, tmp_path):
@@ -115,15 +124,17 @@ def assert_gone(pids, wait):
 
 def test_after_kill_9_of_sqbox(sqbox, python_image, token):
     before = Snapshot()
-    proc = sqbox.popen(python_image, "sh", "-c", "sleep 1000 & echo ready; sleep 1000", token,
+    proc = sqbox.popen(python_image, "sh", "-c",
+                       PRINT_PID_NAMESPACE + "sleep 1000 & echo ready; sleep 1000", token,
                        stdout=subprocess.PIPE, text=True)
+    namespace = proc.stdout.readline().strip()
     assert proc.stdout.readline() == "ready\n"
     pids = processes_with(token)
     assert len(pids) >= 4  # launcher, supervisor, FUSE server, init, payload
     proc.kill()
     proc.wait(timeout=10)
     assert_gone(pids, wait=10.0)
-    assert_clean(before, token, wait=10.0)
+    assert_clean(before, token, wait=10.0, pid_namespace=namespace)
 
 
 @pytest.mark.parametrize("delay", [0.15, 0.3, 0.6])

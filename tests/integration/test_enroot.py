@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from host_processes import PRINT_PID_NAMESPACE, processes_in_pid_namespace
 
 
 class Enroot:
@@ -500,13 +501,34 @@ def test_a_start_runs_its_own_container_whole_while_the_name_is_removed_and_reus
 def test_the_held_containers_descriptors_stay_outside_the_sandbox(enroot, busybox_image):
     # The front end holds the container's directory (and its lock file) open for the whole start:
     # a descriptor on the host's store inside the sandbox would be a way out (openat from it).
+    # Every process of the sandbox is looked at from the host, while the payload waits.
     assert enroot("create", "-n", "box", busybox_image).returncode == 0
-    listing = enroot("start", "box", "sh", "-c",
-                     "for fds in /proc/[0-9]*/fd; do echo $fds; ls -l $fds 2>&1; done")
-    assert listing.returncode == 0, listing.stderr
-    assert "/proc/1/fd" in listing.stdout and " 2 -> " in listing.stdout, listing.stdout
-    for leaked in (".sqbox-container-", "container.json", str(enroot.data)):
-        assert leaked not in listing.stdout, listing.stdout
+    start = subprocess.Popen(["enroot", "start", "box", "sh", "-c",
+                              PRINT_PID_NAMESPACE + "echo ready; read line"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             env=enroot.env)
+    try:
+        namespace = start.stdout.readline().strip()
+        assert start.stdout.readline() == "ready\n"
+        links, unreadable = {}, []
+        for pid in processes_in_pid_namespace(namespace):
+            try:
+                fds = os.listdir(f"/proc/{pid}/fd")
+                links[pid] = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in fds]
+            except PermissionError:
+                unreadable.append(pid)  # init, to an ordinary user (not dumpable)
+            except FileNotFoundError:
+                pass
+        # At least the payload's shell (and, to root, init too) was looked at.
+        assert links, (namespace, unreadable)
+        if os.geteuid() == 0:
+            assert unreadable == [] and len(links) >= 2, (links, unreadable)
+        seen = "\n".join(link for fd_links in links.values() for link in fd_links)
+        for leaked in (".sqbox-container-", "container.json", str(enroot.data)):
+            assert leaked not in seen, links
+    finally:
+        start.communicate(input="done\n", timeout=60)
+    assert start.returncode == 0
 
 
 def test_leftover_trash_is_swept_but_not_while_another_remove_deletes_it(enroot, busybox_image):

@@ -150,6 +150,49 @@ def wait_until_gone(token, seconds=5.0):
     return left
 
 
+def descendants(pid):
+    """pid and everything below it, as {pid: start time} (a reused pid is not mistaken)."""
+    found, todo = {}, [pid]
+    while todo:
+        current = todo.pop()
+        started = _start_time(current)
+        if started is None or current in found:
+            continue
+        found[current] = started
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{current}/task/{task}/children") as children:
+                    todo += [int(child) for child in children.read().split()]
+            except OSError:
+                pass
+    return found
+
+
+def wait_until_ended(processes, seconds=10.0):
+    """Those of {pid: start time} still running after up to `seconds`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        left = sorted(p for p, started in processes.items() if _start_time(p) == started)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.05)
+
+
+def _start_time(pid):
+    """Field 22 of /proc/PID/stat; None once the process is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            text = stat.read()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()
+    return None if fields[0] == "Z" else int(fields[19])
+
+
 def tree_digest(path):
     """Names, types, modes and contents of everything below path."""
     entries = []

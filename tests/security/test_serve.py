@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from escape_support import processes_with, wait_until_gone
+from escape_support import descendants, processes_with, wait_until_ended, wait_until_gone
 
 
 class Server:
@@ -75,8 +75,13 @@ def server(box):
         return instance
 
     yield start
+    # Everything a server started (its sandboxes' supervisors, FUSE servers, inits, payloads,
+    # session drivers) ends with it: the marker check cannot see them, their argv has none.
     for instance in servers:
+        processes = descendants(instance.proc.pid)
         instance.close()
+        left = wait_until_ended(processes)
+        assert left == [], f"left behind by sqbox serve: {left}"
 
 
 def open_session(srv, name):
@@ -150,6 +155,7 @@ def test_a_fork_bomb_does_not_starve_other_sandboxes(server):
     # server is fine.
     bomb = srv.wait("bomb", timeout=30)
     assert bomb["ok"] is True and "exit_code" in bomb, bomb
+    assert "Cannot fork" in bomb["stderr"], "the bomb never reached its limit"
     assert srv.call({"id": "ping", "op": "ping"})["ok"] is True
 
 
@@ -171,30 +177,28 @@ def test_a_crashing_and_a_hanging_session_leave_the_server_and_others_alone(serv
 def test_forged_protocol_messages_reach_only_the_sessions_own_client(server):
     """The driver shares its process with the session's code, so that code can write the
     driver's protocol itself. It gains nothing: a forged tool call is forwarded to the session's
-    own client (which runs only tools it registered), and a forged result answers only the
-    session's own request."""
+    own client (which runs only tools it registered), tagged with that session and request."""
     srv = server()
-    s = open_session(srv, "s")
-    forged = execute(srv, s, """
-import json, os
-fds = [fd for fd in range(3, 64) if os.path.exists(f'/proc/self/fd/{fd}')
-       and 'pipe' in os.readlink(f'/proc/self/fd/{fd}')]
-for fd in fds:
-    try:
-        os.write(fd, (json.dumps({"event": "tool_call", "call_id": "x1", "name": "rm_rf_home",
-                                  "args": [], "kwargs": {}}) + "\\n").encode())
-    except OSError:
-        pass
+    s = srv.call({"id": "open-s", "op": "session_open", "tools": ["rm_rf_home"]})["session"]
+    other = srv.call({"id": "open-o", "op": "session_open", "tools": ["rm_rf_home"]})["session"]
+    forged = execute(srv, s, WRITE_TO_DRIVER_CHANNEL + """
+import json
+forge(json.dumps({"event": "tool_call", "call_id": "x1", "name": "rm_rf_home",
+                  "args": [], "kwargs": {}}) + "\\n")
 'forged'
 """, "forge", timeout=10)
-    # The forged call went to this client only, tagged with this session and request.
     with srv.cond:
         calls = [e for e in srv.events if e.get("name") == "rm_rf_home"]
-    assert all(call["session"] == s and call["id"] == "forge" for call in calls)
-    # The server and the session still answer normally (the exec itself may have been answered
-    # by its own forgery or by the driver; either way it is this session's own business).
+    # The forgery did reach the server (a registered name is forwarded), and only as this
+    # session's, within its own request: never as the other session's.
+    assert calls, ("the forged call never reached the server", forged)
+    assert all(call["session"] == s and call["id"] == "forge" for call in calls), calls
+    assert other not in {call["session"] for call in calls}
+    # The server and both sessions still answer normally (the exec itself may have been
+    # answered by its own forgery or by the driver; either way it is this session's business).
     assert srv.call({"id": "ping", "op": "ping"})["ok"] is True
     assert forged["id"] == "forge"
+    assert execute(srv, other, "6 * 7", "other")["value"] == "42"
 
 
 def test_socket_is_private_to_its_owner(server, tmp_path):
@@ -235,6 +239,7 @@ def test_killing_the_server_leaves_no_sandbox_behind(server, marker):
 WRITE_TO_DRIVER_CHANNEL = """
 import os
 def forge(text):
+    written = 0
     for fd in range(3, 64):
         try:
             flags = os.readlink(f'/proc/self/fd/{fd}')
@@ -243,8 +248,10 @@ def forge(text):
         if 'pipe' in flags:
             try:
                 os.write(fd, text.encode())
+                written += 1
             except OSError:
                 pass
+    return written
 """
 
 
@@ -271,12 +278,16 @@ def test_tool_calls_reach_the_client_only_for_registered_tools(server):
     session = answer["session"]
     flood = execute(srv, session, WRITE_TO_DRIVER_CHANNEL + """
 import json
+written = 0
 for i in range(200):
-    forge(json.dumps({"event": "tool_call", "call_id": f"x{i}", "name": "secret_" + "a" * 100000,
-                      "args": [], "kwargs": {}}) + "\\n")
-'flooded'
+    written += forge(json.dumps({"event": "tool_call", "call_id": f"x{i}",
+                                 "name": "secret_" + "a" * 100000, "args": [], "kwargs": {}})
+                     + "\\n")
+written
 """, "flood", timeout=20)
     assert flood["id"] == "flood"
+    # The forgeries were written (into the driver's channel, at least once each).
+    assert flood["error"] is None and int(flood["value"]) >= 200, flood
     with srv.cond:
         forwarded = [e for e in srv.events if str(e.get("name", "")).startswith("secret_")]
     assert forwarded == []
