@@ -22,14 +22,24 @@ def _rootfs_with(busybox_rootfs, dest, fstab=None, environment=None):
     return dest
 
 
-@pytest.mark.parametrize("entry", [
-    "SENTINEL /loot none x-create=dir,bind",
-    "SENTINEL /loot none x-create=dir,rbind,ro",
-    "${ENROOT_ROOTFS}/../../../../../../../../SENTINEL /loot none x-create=dir,bind",
-    "${ENROOT_ROOTFS}/link-out /loot none x-create=dir,bind",
-    "/proc/1/root/SENTINEL /loot none x-create=dir,bind",
-], ids=["host-bind", "host-rbind", "dotdot", "symlink-source", "proc-root"])
-def test_image_fstab_cannot_mount_host_paths(box, busybox_rootfs, host_sentinel, tmp_path, entry):
+# Each entry with the reason it must be refused for (so that each is refused by the check
+# meant for it, not by an earlier one).
+@pytest.mark.parametrize("entry, reason", [
+    ("SENTINEL /loot none x-create=dir,bind", "refusing to mount host path"),
+    ("SENTINEL /loot none x-create=dir,rbind,ro", "refusing to mount host path"),
+    ("${ENROOT_ROOTFS}/../../../../../../../../SENTINEL /loot none x-create=dir,bind",
+     "must not contain '..'"),
+    ("${ENROOT_ROOTFS}/link-out /loot none x-create=dir,bind", "is a symlink in the sandbox"),
+    ("/proc/1/root/SENTINEL /loot none x-create=dir,bind", "refusing to mount host path"),
+    # Through the sandbox's own /proc: init's root, and the mounting process's own.
+    ("${ENROOT_ROOTFS}/proc/1/root/SENTINEL /loot none x-create=dir,bind",
+     "sqbox's own /proc mounts"),
+    ("${ENROOT_ROOTFS}/proc/self/root/SENTINEL /loot none x-create=dir,bind",
+     "sqbox's own /proc mounts"),
+], ids=["host-bind", "host-rbind", "dotdot", "symlink-source", "proc-root", "rootfs-proc-1-root",
+        "rootfs-proc-self-root"])
+def test_image_fstab_cannot_mount_host_paths(box, busybox_rootfs, host_sentinel, tmp_path, entry,
+                                             reason):
     rootfs = _rootfs_with(busybox_rootfs, tmp_path / "rootfs",
                           fstab=entry.replace("SENTINEL", str(host_sentinel.dir).lstrip("/")
                                               if "ROOTFS" in entry or "proc" in entry
@@ -40,6 +50,7 @@ def test_image_fstab_cannot_mount_host_paths(box, busybox_rootfs, host_sentinel,
     assert host_sentinel.secret not in result.stdout
     assert "ran" not in result.stdout
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert reason in result.stderr, result.stderr
 
 
 def test_image_fstab_cannot_mount_through_a_symlinked_target(box, busybox_rootfs, host_sentinel,

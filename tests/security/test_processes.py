@@ -153,18 +153,27 @@ def test_daemon_does_not_outlive_the_sandbox(box, marker):
         first = os.fork()
         if first == 0:
             os.setsid()
-            if os.fork() == 0:
+            daemon = os.fork()
+            if daemon == 0:
                 null = os.open("/dev/null", os.O_RDWR)
                 for fd in (0, 1, 2):
                     os.dup2(null, fd)
                 os.execv("/bin/sleep", ["sleep", "60"])  # no marker in its command line
+            # Only once the daemon really runs (a failed exec would leave nothing to outlive).
+            for _ in range(500):
+                with open(f"/proc/{daemon}/cmdline", "rb") as cmdline:
+                    if cmdline.read() == b"sleep\\0" + b"60\\0":
+                        print("daemon running", flush=True)
+                        break
+                time.sleep(0.01)
             os._exit(0)
         os.waitpid(first, 0)
         print(os.readlink("/proc/self/ns/pid"), flush=True)
     """, options=["--timeout", "30"])
     elapsed = time.monotonic() - start
     assert result.returncode == 0, result
-    namespace = result.stdout.strip()
+    running, namespace = result.stdout.strip().splitlines()
+    assert running == "daemon running", result.stdout
     assert namespace.startswith("pid:["), result.stdout
     assert elapsed < 10
     assert wait_until_empty(namespace) == []

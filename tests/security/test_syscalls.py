@@ -134,6 +134,44 @@ def test_forbidden_syscalls_through_the_x32_abi(box):
         assert ret == -1 and err in (errno.ENOSYS, errno.EPERM), (key, res)
 
 
+def test_the_profile_itself_answers_x32_calls_where_the_kernel_has_x32(box):
+    """The x32 attack above also fails on a kernel without the x32 ABI, filter or not: here the
+    control run (--seccomp none) shows whether x32 calls work at all, and if they do, the
+    default profile must be what refuses them."""
+    control, unfiltered = box.attack("x32", options=["--seccomp", "none"])
+    assert control.returncode == 0 and control.stdout.endswith("done\n"), control
+    if unfiltered["x32_getpid"][0] == -1:
+        pytest.skip("this kernel has no x32 ABI (CONFIG_X86_X32_ABI off or x32 disabled), so x32 "
+                    "calls fail without any filter; the default profile's x32 answer (ENOSYS) "
+                    "is checked by the unit test SeccompProfile.DefaultDeniesWhatHostileCodeUses")
+    assert unfiltered["x32_getpid"][0] > 0, unfiltered
+    result, res = box.attack("x32")
+    assert result.returncode == 0 and result.stdout.endswith("done\n"), result
+    assert res["x32_getpid"] == (-1, errno.ENOSYS), res  # refused by the filter, not the kernel
+    for key, (ret, err) in res.items():
+        assert ret == -1 and err in (errno.ENOSYS, errno.EPERM), (key, res)
+
+
+def test_the_profile_itself_refuses_bpf_where_the_kernel_allows_it(box):
+    """As above for bpf: with kernel.unprivileged_bpf_disabled set, the kernel refuses the
+    payload's bpf() on its own."""
+    with open("/proc/sys/kernel/unprivileged_bpf_disabled") as setting:
+        disabled = setting.read().strip()
+    if disabled != "0":
+        pytest.skip(f"kernel.unprivileged_bpf_disabled = {disabled}: this kernel refuses "
+                    "unprivileged bpf() without any filter; the default profile's answer (EPERM) "
+                    "is checked by the unit test SeccompProfile.DefaultDeniesWhatHostileCodeUses")
+    script = """
+        attr = (ctypes.c_uint32 * 32)(2, 4, 4, 1)  # BPF_MAP_TYPE_ARRAY, key 4, value 4, 1 entry
+        note("map_create", sysc(NR["bpf"], 0, attr, 128))
+        finish()
+    """
+    _, unfiltered = box.py_results(script, helpers=SYSCALLS, options=["--seccomp", "none"])
+    assert unfiltered == {"map_create": "ok"}, unfiltered
+    _, res = box.py_results(script, helpers=SYSCALLS)
+    assert res == {"map_create": "EPERM"}, res
+
+
 def test_io_uring_is_refused(box):
     result, res = box.py_results("""
         params = ctypes.create_string_buffer(120)
