@@ -330,19 +330,19 @@ std::optional<HeldContainer> ContainerStore::find(const std::string& name) const
     for (int attempt = 0; attempt < 100; ++attempt) {
         std::optional<std::string> path = directory_of(name);
         if (!path) return std::nullopt;
-        HeldContainer held(*this);
-        held.info_.name = name;
-        held.info_.directory = *path;
-        held.directory_.reset(::open(path->c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-        if (!held.directory_) {
+        UniqueFd directory(::open(path->c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+        if (!directory) {
             if (errno == ENOENT) continue;  // deleted since
             throw system_error("cannot open container " + name);
         }
-        if (::flock(held.directory_.get(), LOCK_SH | LOCK_NB) != 0) {
+        if (::flock(directory.get(), LOCK_SH | LOCK_NB) != 0) {
             if (errno == EWOULDBLOCK) continue;  // being deleted
             throw system_error("cannot lock container " + name);
         }
-        held.locked_ = true;
+        HeldContainer held(*this);
+        held.info_.name = name;
+        held.info_.directory = *path;
+        held.directory_ = std::move(directory);
         // Held now, so no deletion starts from here on. One may have started and stopped half
         // way (killed) before; but deletion only ever follows a remove, so a container that its
         // name still means was never touched. (If it was removed, letting go of it here sweeps
@@ -389,15 +389,13 @@ HeldContainer& HeldContainer::operator=(HeldContainer&& other) noexcept {
         store_ = std::move(other.store_);
         info_ = std::move(other.info_);
         directory_ = std::move(other.directory_);
-        locked_ = other.locked_;
     }
     return *this;
 }
 
 void HeldContainer::let_go() noexcept {
-    if (!directory_) return;
+    if (!directory_) return;  // moved from
     directory_.reset();
-    if (!locked_) return;
     // Removed or replaced while it was held: its remover left it to its last holder. A failure
     // here is not the holder's: the next remove sweeps again.
     try {

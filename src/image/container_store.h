@@ -105,8 +105,7 @@ class HeldContainer {
 
     ContainerStore store_;
     ContainerInfo info_;
-    UniqueFd directory_;
-    bool locked_ = false;
+    UniqueFd directory_;  // flocked shared; empty only once moved from
 };
 
 // Holds a container's lock for as long as it lives: shared for a read-only start, exclusive for a
