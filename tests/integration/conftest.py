@@ -5,11 +5,14 @@ unprivileged user created for the purpose.
 """
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# The helpers the suites share (tests/support), found beside this suite wherever it runs.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "support"))
 
 
 def _image(name):

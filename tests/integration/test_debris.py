@@ -7,30 +7,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from host_processes import PRINT_PID_NAMESPACE, wait_until_pid_namespace_is_empty
-
-FUSE_CONNECTIONS = Path("/sys/fs/fuse/connections")
-
-
-def processes_with(token):
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if token.encode() in cmdline:
-            found.append(int(entry.name))
-    return found
-
-
-def fuse_connections():
-    """Connection ids, or None where fusectl is not mounted (then the count cannot be checked)."""
-    if not FUSE_CONNECTIONS.is_dir() or not os.path.ismount(FUSE_CONNECTIONS):
-        return None
-    return sorted(os.listdir(FUSE_CONNECTIONS))
+from host_mounts import fuse_connections
+from host_processes import (PRINT_PID_NAMESPACE, processes_with, wait_until_gone,
+                            wait_until_pid_namespace_is_empty)
 
 
 class Snapshot:
@@ -46,9 +25,7 @@ def assert_clean(before, token, wait=0.0, pid_namespace=None):
     the sandbox's pid namespace if given (the payload's children carry no token), no mount, FUSE
     connection or temp file."""
     deadline = time.monotonic() + wait
-    while processes_with(token) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert processes_with(token) == [], "sandbox processes left behind"
+    assert wait_until_gone(token, wait) == [], "sandbox processes left behind"
     if pid_namespace is not None:
         left = wait_until_pid_namespace_is_empty(pid_namespace, max(wait, 1.0))
         assert left == [], f"processes left in the sandbox's pid namespace: {left}"

@@ -13,7 +13,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "python"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # for proctools
+# The helpers the suites share (tests/support), found beside this suite wherever it runs.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "support"))
 
 import sqbox  # noqa: E402  (needs the path above)
 

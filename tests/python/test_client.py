@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-import proctools
+import host_mounts
+import host_processes
 import sqbox
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -153,7 +154,7 @@ def test_sandbox_run_timeout(sandbox):
 
 def test_max_parallel_and_pool_reach_the_server(sqbox_bin, python_image):
     with sqbox.Sandbox(python_image, binary=sqbox_bin, max_parallel=1, pool=1) as box:
-        assert {"--max-parallel", "--pool"} <= set(proctools.cmdline(box.pid).split())
+        assert {"--max-parallel", "--pool"} <= set(host_processes.cmdline(box.pid).split())
         started = time.monotonic()
         with ThreadPoolExecutor(max_workers=4) as pool:
             results = list(pool.map(lambda i: box.run(["sleep", "0.3"]), range(4)))
@@ -172,11 +173,11 @@ def test_sandbox_run_bad_mount_raises(sandbox, tmp_path):
 
 
 def test_sandbox_with_bad_image_raises_and_leaves_nothing(sqbox_bin, tmp_path):
-    before = set(proctools.children(os.getpid()))
+    before = set(host_processes.children(os.getpid()))
     with pytest.raises(sqbox.SqboxError) as caught:
         sqbox.Sandbox(tmp_path / "missing.sqsh", binary=sqbox_bin)
     assert "missing.sqsh" in str(caught.value)
-    assert set(proctools.children(os.getpid())) <= before
+    assert set(host_processes.children(os.getpid())) <= before
 
 
 def _send_only_after_the_server_exited(monkeypatch, cls, is_async):
@@ -482,15 +483,15 @@ def test_async_sandbox(sqbox_bin, python_image):
             busy = await box.session()
             running = asyncio.ensure_future(busy.execute("while True: pass"))
             await asyncio.sleep(0.3)
-            processes = proctools.descendants(box.pid)
+            processes = host_processes.descendants(box.pid)
         # aclose() with an exec in progress: the call fails and nothing is left running.
         with pytest.raises(sqbox.SqboxError):
             await running
         return processes
 
     processes = asyncio.run(scenario())
-    assert len(processes) >= 4, {p: proctools.cmdline(p) for p in processes}
-    assert proctools.wait_all_gone(processes, timeout=5) == []
+    assert len(processes) >= 4, {p: host_processes.cmdline(p) for p in processes}
+    assert host_processes.wait_until_ended(processes, seconds=5) == []
 
 
 def test_async_200_concurrent(sqbox_bin, python_image):
@@ -519,7 +520,7 @@ def test_async_200_concurrent(sqbox_bin, python_image):
 
 
 def test_close_leaves_no_process(sqbox_bin, python_image):
-    before_mounts, before_fuse = proctools.mountinfo(), proctools.fuse_connections()
+    before_mounts, before_fuse = host_mounts.mountinfo(), host_mounts.fuse_connections()
     box = sqbox.Sandbox(python_image, binary=sqbox_bin)
     sess = box.session()
     sess.execute("import subprocess\nsubprocess.Popen(['sleep', '1000'])")
@@ -527,15 +528,15 @@ def test_close_leaves_no_process(sqbox_bin, python_image):
     runner = threading.Thread(target=lambda: in_flight.append(_capture(box.run, ["sleep", "1000"])))
     runner.start()
     # The session's sleep and the run's: both sandboxes are up.
-    processes = proctools.wait_for_descendants(box.pid, "sleep 1000", count=2)
+    processes = host_processes.wait_for_descendants(box.pid, "sleep 1000", count=2)
     # server, the session's and the run's sandbox processes (supervisor, FUSE server, init, ...)
-    assert len(processes) >= 5, {p: proctools.cmdline(p) for p in processes}
+    assert len(processes) >= 5, {p: host_processes.cmdline(p) for p in processes}
     box.close()
     runner.join(timeout=10)
     assert isinstance(in_flight[0], sqbox.SqboxError)  # the pending call was failed, not hung
-    assert proctools.wait_all_gone(processes, timeout=5) == []
-    assert proctools.mountinfo() == before_mounts
-    assert proctools.new_fuse_connections(before_fuse) == []
+    assert host_processes.wait_until_ended(processes, seconds=5) == []
+    assert host_mounts.mountinfo() == before_mounts
+    assert host_mounts.new_fuse_connections(before_fuse) == []
     with pytest.raises(sqbox.SqboxError):
         sess.execute("1")
     with pytest.raises(sqbox.SqboxError):
@@ -551,9 +552,9 @@ def _capture(fn, *args):
 
 def test_server_death_fails_calls_promptly(sqbox_bin, python_image):
     with sqbox.Sandbox(python_image, binary=sqbox_bin) as box:
-        processes = proctools.descendants(box.pid)
+        processes = host_processes.descendants(box.pid)
         sess = box.session()
-        processes.update(proctools.descendants(box.pid))
+        processes.update(host_processes.descendants(box.pid))
         os.kill(box.pid, signal.SIGKILL)
         started = time.monotonic()
         with pytest.raises(sqbox.SqboxError, match="exited"):
@@ -562,7 +563,7 @@ def test_server_death_fails_calls_promptly(sqbox_bin, python_image):
         with pytest.raises(sqbox.SqboxError):
             box.run(["true"])
         # Its sandboxes die with it.
-        assert proctools.wait_all_gone(processes, timeout=5) == []
+        assert host_processes.wait_until_ended(processes, seconds=5) == []
 
 
 def test_sandbox_made_in_a_finished_thread_keeps_working(sqbox_bin, python_image):
@@ -597,7 +598,7 @@ time.sleep(1000)
 
 
 def test_kill_9_of_the_client_leaves_nothing(sqbox_bin, python_image):
-    before_mounts, before_fuse = proctools.mountinfo(), proctools.fuse_connections()
+    before_mounts, before_fuse = host_mounts.mountinfo(), host_mounts.fuse_connections()
     script = CLIENT_SCRIPT.format(python_dir=str(ROOT / "python"), image=python_image,
                                   binary=sqbox_bin)
     client = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
@@ -606,17 +607,17 @@ def test_kill_9_of_the_client_leaves_nothing(sqbox_bin, python_image):
         assert line, "client script failed"
         server = json.loads(line)["server"]
         # The session's sleep and the run's: both sandboxes are up.
-        processes = proctools.wait_for_descendants(client.pid, "sleep 1000", count=2)
+        processes = host_processes.wait_for_descendants(client.pid, "sleep 1000", count=2)
         assert server in processes
-        assert len(processes) >= 8, {p: proctools.cmdline(p) for p in processes}
+        assert len(processes) >= 8, {p: host_processes.cmdline(p) for p in processes}
         client.kill()
         client.wait()
         gone_by = time.monotonic()
-        leftovers = proctools.wait_all_gone(processes, timeout=5)
-        assert leftovers == [], {p: proctools.cmdline(p) for p in leftovers}
+        leftovers = host_processes.wait_until_ended(processes, seconds=5)
+        assert leftovers == [], {p: host_processes.cmdline(p) for p in leftovers}
         assert time.monotonic() - gone_by < 5
-        assert proctools.mountinfo() == before_mounts
-        assert proctools.new_fuse_connections(before_fuse) == []
+        assert host_mounts.mountinfo() == before_mounts
+        assert host_mounts.new_fuse_connections(before_fuse) == []
     finally:
         if client.poll() is None:
             client.kill()

@@ -7,12 +7,14 @@ and no process whose command line holds the test's unique marker (every payload'
 it, and so do sqbox's own processes, which share the launcher's argv) is left behind.
 
 Run as root and as an unprivileged user (scripts/test does both); nothing here depends on the
-test directory's location beyond reading the attack sources next to this file.
+test directory's location beyond reading the attack sources next to this file and the helpers
+the suites share in ../support.
 """
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import textwrap
 import time
 import uuid
@@ -21,7 +23,12 @@ from pathlib import Path
 import pytest
 
 from escape_support import (GRACE, PRELUDE, SANDBOX_TIMEOUT, parse_attack_lines, parse_results,
-                            tree_digest, wait_until_gone)
+                            tree_digest)
+
+# The helpers the suites share (tests/support), found beside this suite wherever it runs.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "support"))
+
+from host_processes import wait_until_gone  # noqa: E402  (needs the path above)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

@@ -1,7 +1,6 @@
 """Helpers shared by the escape tests (imported by conftest.py and the test modules)."""
 import json
 import os
-import time
 
 # Default wall-clock limit given to every sandbox, and how much longer pytest waits for sqbox.
 SANDBOX_TIMEOUT = 20
@@ -100,98 +99,6 @@ def parse_attack_lines(stdout):
 
 # ---------------------------------------------------------------------------------------------
 # Host side.
-
-def processes_with(token):
-    """Pids of processes (ours excluded) whose command line contains token."""
-    found = []
-    needle = token.encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except OSError:
-            continue
-        if needle in cmdline:
-            found.append(int(entry))
-    return found
-
-
-def processes_in_pid_namespace(namespace):
-    """Pids of host processes in namespace (as /proc/PID/ns/pid reads, e.g. "pid:[4026532]")."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            if os.readlink(f"/proc/{entry}/ns/pid") == namespace:
-                found.append(int(entry))
-        except OSError:
-            continue
-    return found
-
-
-def wait_until_empty(namespace, seconds=5.0):
-    deadline = time.monotonic() + seconds
-    left = processes_in_pid_namespace(namespace)
-    while left and time.monotonic() < deadline:
-        time.sleep(0.05)
-        left = processes_in_pid_namespace(namespace)
-    return left
-
-
-def wait_until_gone(token, seconds=5.0):
-    deadline = time.monotonic() + seconds
-    left = processes_with(token)
-    while left and time.monotonic() < deadline:
-        time.sleep(0.05)
-        left = processes_with(token)
-    return left
-
-
-def descendants(pid):
-    """pid and everything below it, as {pid: start time} (a reused pid is not mistaken)."""
-    found, todo = {}, [pid]
-    while todo:
-        current = todo.pop()
-        started = _start_time(current)
-        if started is None or current in found:
-            continue
-        found[current] = started
-        try:
-            tasks = os.listdir(f"/proc/{current}/task")
-        except OSError:
-            continue
-        for task in tasks:
-            try:
-                with open(f"/proc/{current}/task/{task}/children") as children:
-                    todo += [int(child) for child in children.read().split()]
-            except OSError:
-                pass
-    return found
-
-
-def wait_until_ended(processes, seconds=10.0):
-    """Those of {pid: start time} still running after up to `seconds`."""
-    deadline = time.monotonic() + seconds
-    while True:
-        left = sorted(p for p, started in processes.items() if _start_time(p) == started)
-        if not left or time.monotonic() >= deadline:
-            return left
-        time.sleep(0.05)
-
-
-def _start_time(pid):
-    """Field 22 of /proc/PID/stat; None once the process is gone or a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            text = stat.read()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2:].split()
-    return None if fields[0] == "Z" else int(fields[19])
-
 
 def tree_digest(path):
     """Names, types, modes and contents of everything below path."""

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from escape_support import parse_results, wait_until_empty, wait_until_gone
+from escape_support import parse_results
+from host_processes import wait_until_gone, wait_until_pid_namespace_is_empty
 
 PTRACE_ATTACH, PTRACE_SEIZE = 16, 0x4206
 NR_PTRACE, NR_PROCESS_VM_READV, NR_PIDFD_OPEN, NR_PIDFD_GETFD = 101, 310, 434, 438
@@ -176,7 +177,7 @@ def test_daemon_does_not_outlive_the_sandbox(box, marker):
     assert running == "daemon running", result.stdout
     assert namespace.startswith("pid:["), result.stdout
     assert elapsed < 10
-    assert wait_until_empty(namespace) == []
+    assert wait_until_pid_namespace_is_empty(namespace, 5) == []
     assert wait_until_gone(marker) == []
 
 
@@ -191,7 +192,7 @@ def test_timeout_kills_processes_that_ignore_signals(box, marker):
     assert elapsed < 10
     namespace = result.stdout.strip()
     assert namespace.startswith("pid:["), result.stdout
-    assert wait_until_empty(namespace) == []
+    assert wait_until_pid_namespace_is_empty(namespace, 5) == []
     assert wait_until_gone(marker) == []
 
 

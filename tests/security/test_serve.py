@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from escape_support import descendants, processes_with, wait_until_ended, wait_until_gone
+from host_processes import descendants, processes_with, wait_until_ended, wait_until_gone
 
 
 class Server:
@@ -24,9 +24,12 @@ class Server:
                                      bufsize=1, cwd=cwd)
         self.responses = {}
         self.events = []
+        self.ended = False  # its stdout reached end of file: no answer will come
+        self.stderr = []
         self.cond = threading.Condition()
         self.marker = marker
         threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=lambda: self.stderr.extend(self.proc.stderr), daemon=True).start()
 
     def _read(self):
         for line in self.proc.stdout:
@@ -37,6 +40,9 @@ class Server:
                 else:
                     self.responses[message.get("id")] = message
                 self.cond.notify_all()
+        with self.cond:
+            self.ended = True
+            self.cond.notify_all()
 
     def send(self, request):
         self.proc.stdin.write(json.dumps(request) + "\n")
@@ -46,6 +52,9 @@ class Server:
         deadline = time.monotonic() + timeout
         with self.cond:
             while request_id not in self.responses:
+                # A server that failed fails the test at once, saying why, not after `timeout`.
+                assert not self.ended, \
+                    f"sqbox serve ended before answering {request_id}: {''.join(self.stderr)}"
                 left = deadline - time.monotonic()
                 assert left > 0, f"no answer to {request_id}"
                 self.cond.wait(left)
