@@ -3,43 +3,31 @@
 scripts/test runs this suite twice when started as root: once as root and once as an
 unprivileged user created for the purpose.
 """
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
 # The helpers the suites share (tests/support), found beside this suite wherever it runs.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "support"))
 
-
-def _image(name):
-    env_name = f"SQBOX_{name.upper()}_IMAGE"
-    path = os.environ.get(env_name)
-    if not path:
-        path = subprocess.run([str(ROOT / "images" / "build"), name], check=True,
-                              stdout=subprocess.PIPE, text=True).stdout.strip()
-    assert Path(path).is_file(), f"{env_name}: {path} missing"
-    return path
+import test_inputs  # noqa: E402  (needs the path above)
 
 
 @pytest.fixture(scope="session")
 def sqbox_bin():
-    path = os.environ.get("SQBOX_BIN", str(ROOT / "build" / "sqbox"))
-    assert os.access(path, os.X_OK), f"sqbox binary not found at {path}; build first"
-    return path
+    return test_inputs.executable_sqbox_binary()
 
 
 @pytest.fixture(scope="session")
 def busybox_image():
-    return _image("busybox")
+    return test_inputs.image("busybox")
 
 
 @pytest.fixture(scope="session")
 def python_image():
-    return _image("python")
+    return test_inputs.image("python")
 
 
 class Sqbox:

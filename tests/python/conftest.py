@@ -4,8 +4,6 @@
 `images/build python` prints) select them. The client package is imported from <repo>/python
 without being installed.
 """
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,23 +15,17 @@ sys.path.insert(0, str(ROOT / "python"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "support"))
 
 import sqbox  # noqa: E402  (needs the path above)
+import test_inputs  # noqa: E402  (needs the path above)
 
 
 @pytest.fixture(scope="session")
 def sqbox_bin():
-    path = os.environ.get("SQBOX_BIN", str(ROOT / "build" / "sqbox"))
-    assert os.access(path, os.X_OK), f"sqbox binary not found at {path}; build first"
-    return path
+    return test_inputs.executable_sqbox_binary()
 
 
 @pytest.fixture(scope="session")
 def python_image():
-    path = os.environ.get("SQBOX_PYTHON_IMAGE")
-    if not path:
-        path = subprocess.run([str(ROOT / "images" / "build"), "python"], check=True,
-                              stdout=subprocess.PIPE, text=True).stdout.strip()
-    assert Path(path).is_file(), f"python image {path} missing"
-    return path
+    return test_inputs.image("python")
 
 
 @pytest.fixture(scope="module")

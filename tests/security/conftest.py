@@ -28,20 +28,10 @@ from escape_support import (GRACE, PRELUDE, SANDBOX_TIMEOUT, parse_attack_lines,
 # The helpers the suites share (tests/support), found beside this suite wherever it runs.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "support"))
 
+import test_inputs  # noqa: E402  (needs the path above)
 from host_processes import wait_until_gone  # noqa: E402  (needs the path above)
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-
-
-def _image(name):
-    env_name = f"SQBOX_{name.upper()}_IMAGE"
-    path = os.environ.get(env_name)
-    if not path:
-        path = subprocess.run([str(ROOT / "images" / "build"), name], check=True,
-                              stdout=subprocess.PIPE, text=True).stdout.strip()
-    assert Path(path).is_file(), f"{env_name}: {path} missing"
-    return path
 
 
 @pytest.fixture(scope="session")
@@ -55,7 +45,7 @@ def session_dir(tmp_path_factory):
 def sqbox_bin(session_dir):
     """A private copy of the binary: the tests hash it, and a rebuild going on beside the test
     run must not look like an attack (nor pull the binary away mid-run)."""
-    source = os.environ.get("SQBOX_BIN", str(ROOT / "build" / "sqbox"))
+    source = test_inputs.sqbox_binary()
     deadline = time.monotonic() + 60
     while not os.access(source, os.X_OK) and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -75,12 +65,12 @@ def sqbox_bin(session_dir):
 
 @pytest.fixture(scope="session")
 def python_image():
-    return _image("python")
+    return test_inputs.image("python")
 
 
 @pytest.fixture(scope="session")
 def busybox_image():
-    return _image("busybox")
+    return test_inputs.image("busybox")
 
 
 @pytest.fixture(scope="session")
