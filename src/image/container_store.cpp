@@ -1,6 +1,5 @@
 #include "image/container_store.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -9,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
@@ -54,6 +54,25 @@ std::string random_suffix() {
 void make_directory(const std::string& path, mode_t mode) {
     if (::mkdir(path.c_str(), mode) != 0) throw system_error("cannot create " + path);
 }
+
+// A new container's directory until a name points at it: a create that fails before deletes it.
+class UnnamedDirectory {
+  public:
+    explicit UnnamedDirectory(std::string path) : path_(std::move(path)) {}
+    UnnamedDirectory(const UnnamedDirectory&) = delete;
+    UnnamedDirectory& operator=(const UnnamedDirectory&) = delete;
+    ~UnnamedDirectory() {
+        if (path_.empty()) return;
+        try {
+            remove_tree(path_);
+        } catch (const Error&) {  // nothing names it: the next sweep deletes what is left
+        }
+    }
+    void named() { path_.clear(); }
+
+  private:
+    std::string path_;
+};
 
 }  // namespace
 
@@ -126,12 +145,11 @@ bool same_file(const struct stat& a, const struct stat& b) {
     return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
-template <typename Visit>
-void for_each_entry(const std::string& directory, Visit visit) {
-    std::unique_ptr<DIR, int (*)(DIR*)> dir(::opendir(directory.c_str()), ::closedir);
-    if (!dir) throw system_error("cannot list " + directory);
-    while (dirent* entry = ::readdir(dir.get())) {
-        visit(::dirfd(dir.get()), std::string(entry->d_name));
+// for_each_directory_entry, throwing Error "cannot list DIR" where it cannot list.
+void for_each_entry(const std::string& directory,
+                    const std::function<void(int dir_fd, const std::string& name)>& visit) {
+    if (!for_each_directory_entry(directory, visit)) {
+        throw system_error("cannot list " + directory);
     }
 }
 
@@ -248,21 +266,16 @@ void ContainerStore::create(const std::string& name, const std::string& image, b
             throw system_error("cannot create " + directory, err);
         }
     }
-    try {
-        make_directory(directory + "/upper", 0755);
-        make_directory(directory + "/work", 0700);
-        nlohmann::json metadata = {{"image", image},
-                                   {"device", identity.device},
-                                   {"inode", identity.inode},
-                                   {"size", identity.size},
-                                   {"mtime_ns", identity.mtime_ns}};
-        write_file_at(held.get(), kMetadataFile, metadata.dump(2) + "\n", O_EXCL | O_NOFOLLOW,
-                      0600);
-        write_file_at(held.get(), "lock", "", O_EXCL | O_NOFOLLOW, 0600);
-    } catch (...) {
-        remove_tree(directory);
-        throw;
-    }
+    UnnamedDirectory unnamed(directory);
+    make_directory(directory + "/upper", 0755);
+    make_directory(directory + "/work", 0700);
+    nlohmann::json metadata = {{"image", image},
+                               {"device", identity.device},
+                               {"inode", identity.inode},
+                               {"size", identity.size},
+                               {"mtime_ns", identity.mtime_ns}};
+    write_file_at(held.get(), kMetadataFile, metadata.dump(2) + "\n", O_EXCL | O_NOFOLLOW, 0600);
+    write_file_at(held.get(), "lock", "", O_EXCL | O_NOFOLLOW, 0600);
 
     const std::string target = data_path_ + "/" + name;
     std::string trash;
@@ -270,23 +283,15 @@ void ContainerStore::create(const std::string& name, const std::string& image, b
         UniqueFd lock = lock_store();
         struct stat st {};
         if (::lstat(target.c_str(), &st) == 0) {
-            if (!replace) {
-                remove_tree(directory);
-                throw Error("File already exists: " + target);
-            }
-            try {
-                trash = move_to_trash(target);
-            } catch (const Error&) {
-                remove_tree(directory);
-                throw;
-            }
+            if (!replace) throw Error("File already exists: " + target);
+            trash = move_to_trash(target);
         }
         if (::symlink(directory_name.c_str(), target.c_str()) != 0) {
             const int err = errno;
             if (!trash.empty()) (void)::rename(trash.c_str(), target.c_str());  // as it was
-            remove_tree(directory);
             throw system_error("cannot create " + target, err);
         }
+        unnamed.named();
     }
     if (!trash.empty()) collect_trash(trash);
 }
@@ -407,11 +412,11 @@ void HeldContainer::let_go() noexcept {
 
 std::vector<std::string> ContainerStore::names() const {
     std::vector<std::string> names;
-    for_each_entry(data_path_, [&](int dir_fd, std::string name) {
-        if (name.empty() || name.front() == '.') return;
+    for_each_entry(data_path_, [&](int dir_fd, const std::string& name) {
+        if (name.front() == '.') return;
         struct stat st {};
         if (::fstatat(dir_fd, name.c_str(), &st, 0) == 0 && S_ISDIR(st.st_mode)) {
-            names.push_back(std::move(name));
+            names.push_back(name);
         }
     });
     std::sort(names.begin(), names.end());

@@ -1,6 +1,5 @@
 #include "image/hot_files.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/xattr.h>
@@ -286,19 +285,16 @@ UniqueFd make_empty_directory(const std::string& path) {
 // kMaxEntries remain. Best effort: a sandbox still running on a removed tree keeps the files it
 // opened and finds the rest in the image.
 void remove_oldest_entries(const std::string& directory, const std::string& keep) {
-    std::unique_ptr<DIR, int (*)(DIR*)> listing(::opendir(directory.c_str()), ::closedir);
-    if (!listing) return;
     std::vector<std::pair<int64_t, std::string>> entries;  // (made, name)
-    while (const dirent* item = ::readdir(listing.get())) {
-        const std::string name = item->d_name;
-        if (!name.ends_with(".files") || name == keep) continue;
+    const bool listed = for_each_directory_entry(directory, [&](int, const std::string& name) {
+        if (!name.ends_with(".files") || name == keep) return;
         struct stat stamp {};
         const std::string stamp_path = directory + "/" + name + "/stamp";
         const int64_t made =
             ::lstat(stamp_path.c_str(), &stamp) == 0 ? static_cast<int64_t>(stamp.st_mtime) : 0;
         entries.emplace_back(made, name);
-    }
-    if (entries.size() < kMaxEntries) return;
+    });
+    if (!listed || entries.size() < kMaxEntries) return;
     std::sort(entries.begin(), entries.end());
     for (size_t i = 0; i + kMaxEntries <= entries.size(); ++i) {
         try {
@@ -312,12 +308,8 @@ void remove_oldest_entries(const std::string& directory, const std::string& keep
 
 HotFilesCounts check_made_entry(const std::string& entry, bool image_list,
                                 const HotFilesLimits& limits) {
-    std::unique_ptr<DIR, int (*)(DIR*)> top(::opendir(entry.c_str()), ::closedir);
-    if (!top) throw system_error("cannot list " + entry);
     bool has_tree = false;
-    while (const dirent* item = ::readdir(top.get())) {
-        const std::string name = item->d_name;
-        if (name == "." || name == "..") continue;
+    const bool listed = for_each_directory_entry(entry, [&](int, const std::string& name) {
         struct stat st {};
         if (::lstat((entry + "/" + name).c_str(), &st) != 0) throw system_error("stat " + name);
         if (name == "tree" && S_ISDIR(st.st_mode)) {
@@ -326,7 +318,8 @@ HotFilesCounts check_made_entry(const std::string& entry, bool image_list,
                      st.st_nlink == 1 && static_cast<size_t>(st.st_size) <= kMaxImageListBytes)) {
             throw Error("unexpected " + name + " in " + entry);
         }
-    }
+    });
+    if (!listed) throw system_error("cannot list " + entry);
     if (!has_tree) throw Error("no tree in " + entry);
     const std::string tree = entry + "/tree";
     HotFilesCounts counts;
@@ -346,11 +339,7 @@ HotFilesCounts check_made_entry(const std::string& entry, bool image_list,
             }
             opened.emplace_back(path, directory.st_mode & 07777);
         }
-        std::unique_ptr<DIR, int (*)(DIR*)> listing(::opendir(path.c_str()), ::closedir);
-        if (!listing) throw system_error("cannot list " + path);
-        while (const dirent* item = ::readdir(listing.get())) {
-            const std::string name = item->d_name;
-            if (name == "." || name == "..") continue;
+        const bool path_listed = for_each_directory_entry(path, [&](int, const std::string& name) {
             if (++entries > limits.entries) throw Error("too many entries in " + tree);
             const std::string child = relative.empty() ? name : relative + "/" + name;
             if (child.size() >= 4096) throw Error("too long a path in " + tree);
@@ -359,7 +348,7 @@ HotFilesCounts check_made_entry(const std::string& entry, bool image_list,
             if (::lstat(child_path.c_str(), &st) != 0) throw system_error("stat " + child_path);
             if (S_ISDIR(st.st_mode)) {
                 pending.push_back(child);
-                continue;
+                return;
             }
             if (!unpackable(st, counts.bytes, limits)) {
                 throw Error(child_path + " is not a file sqbox unpacks");
@@ -367,7 +356,8 @@ HotFilesCounts check_made_entry(const std::string& entry, bool image_list,
             check_no_xattrs(child_path);
             ++counts.files;
             counts.bytes += static_cast<uint64_t>(st.st_size);
-        }
+        });
+        if (!path_listed) throw system_error("cannot list " + path);
     }
     // Deepest first, as they were made.
     for (auto it = opened.rbegin(); it != opened.rend(); ++it) {

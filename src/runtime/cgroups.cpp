@@ -1,6 +1,5 @@
 #include "runtime/cgroups.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -173,18 +172,15 @@ void remove_stale_siblings(const std::vector<std::string>& parents) {
     // is nothing to list, the usual case when sandboxes run one at a time.
     struct stat info {};
     if (::stat(parents.front().c_str(), &info) == 0 && info.st_nlink <= 2) return;
-    DIR* dir = ::opendir(parents.front().c_str());
-    if (dir == nullptr) return;
-    while (dirent* entry = ::readdir(dir)) {
-        std::string name = entry->d_name;
-        if (!name.starts_with(kNamePrefix)) continue;
+    // Unlistable: nothing of ours to sweep there.
+    (void)for_each_directory_entry(parents.front(), [&](int, const std::string& name) {
+        if (!name.starts_with(kNamePrefix)) return;
         const int pid = std::atoi(name.c_str() + std::strlen(kNamePrefix));
-        if (pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+        if (pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH) return;
         for (auto parent = parents.rbegin(); parent != parents.rend(); ++parent) {
             (void)::rmdir((*parent + "/" + name).c_str());  // fails harmlessly if still in use
         }
-    }
-    ::closedir(dir);
+    });
 }
 
 std::string cpu_max(double cpus) {

@@ -1,11 +1,13 @@
 #include "util/files.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <memory>
 
 #include "util/errors.h"
 
@@ -132,6 +134,19 @@ UniqueFd lock_file_within(const std::string& path, int wait_ms) {
         if (waited >= wait_ms) return UniqueFd();
         ::usleep(kPollMs * 1000);
     }
+}
+
+bool for_each_directory_entry(
+    const std::string& directory,
+    const std::function<void(int dir_fd, const std::string& name)>& visit) {
+    std::unique_ptr<DIR, int (*)(DIR*)> listing(::opendir(directory.c_str()), ::closedir);
+    if (!listing) return false;
+    while (const dirent* entry = ::readdir(listing.get())) {
+        const std::string name = entry->d_name;
+        if (name == "." || name == "..") continue;
+        visit(::dirfd(listing.get()), name);
+    }
+    return true;
 }
 
 }  // namespace sqbox

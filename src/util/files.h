@@ -1,6 +1,7 @@
 // Small, checked file helpers used by the launch pipeline.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -36,6 +37,13 @@ void set_nonblocking(int fd, const std::string& what);
 // Creates the absolute directory `path` and any missing parent with `mode` (existing ones are
 // left as they are). Throws Error "cannot create DIR" naming the one that failed.
 void make_directories(const std::string& path, mode_t mode);
+
+// Calls `visit` with each entry's name in `directory` but "." and "..", and the listing's
+// descriptor (for *at calls on the entry). Returns false, with errno set and nothing visited, when
+// the directory cannot be opened for listing.
+[[nodiscard]] bool for_each_directory_entry(
+    const std::string& directory,
+    const std::function<void(int dir_fd, const std::string& name)>& visit);
 
 // Opens (creating, 0600) the lock file `path` and takes an exclusive flock on it, waiting for it;
 // the lock goes with the descriptor. Throws Error naming the file.

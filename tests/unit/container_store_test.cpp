@@ -68,6 +68,21 @@ TEST_F(ContainerStoreTest, ANameIsASymlinkToTheContainersOwnDirectory) {
     EXPECT_FALSE(store.find("elsewhere"));
 }
 
+TEST_F(ContainerStoreTest, ARefusedCreateLeavesNothingOfItsOwn) {
+    ContainerStore store(data_);
+    store.create("box", image_, false);
+    const std::vector<std::string> before = entries();
+    EXPECT_THROW(store.create("box", image_, false), Error);
+    EXPECT_EQ(entries(), before);
+    // Refused over any existing name, a plain file too: the file is kept, nothing else is left.
+    write(data_ / "file", "not a container\n");
+    EXPECT_THROW(store.create("file", image_, false), Error);
+    std::vector<std::string> with_file = before;
+    with_file.push_back("file");
+    std::sort(with_file.begin(), with_file.end());
+    EXPECT_EQ(entries(), with_file);
+}
+
 TEST_F(ContainerStoreTest, RemoveDeletesAContainerNobodyHolds) {
     ContainerStore store(data_);
     store.create("box", image_, false);
