@@ -1,7 +1,16 @@
-// PID 1 of the sandbox.
+// PID 1 of the sandbox. Its steps, in the order runtime/pipeline.cpp calls them.
 #pragma once
 
+#include <sys/types.h>
+
+#include <chrono>
+#include <utility>
+
 #include "runtime/sandbox_plan.h"
+#include "runtime/stage_report.h"
+#include "runtime/terminal.h"
+#include "sqbox/config.h"
+#include "util/unique_fd.h"
 
 namespace sqbox {
 
@@ -19,6 +28,70 @@ struct InitContext {
 // the network namespace with loopback up, sets the hostname, assembles the root and pivots into it,
 // then starts the payload, forwards SIGINT/SIGTERM/SIGHUP/SIGQUIT to it, reaps every orphan, and
 // reports how the payload ended. Its exit takes every remaining process of the sandbox with it.
+// Defined in runtime/pipeline.cpp.
 [[noreturn]] void run_init(const InitContext& context);
+
+// getppid() is 0 in init (the parent lives outside the pid namespace), so the usual race check
+// after PR_SET_PDEATHSIG uses the lifeline pipe instead. Also makes init non-dumpable: the payload
+// runs with the same uid and must not open /proc/1/{exe,mem,fd,...}.
+void die_with_supervisor(int lifeline_fd);
+
+// sqbox serve: init is in a user namespace of its own (SandboxPlan::own_user_namespace) and maps
+// these ids to themselves.
+void enter_own_user_namespace(const std::pair<uid_t, gid_t>& ids);
+
+// sqbox run starts init while the supervisor still mounts the image: waits for its word, then
+// leaves the supervisor's mount namespace for a copy of it. EOF means the supervisor failed, and
+// its own report says why.
+void take_mount_namespace_when_image_ready(int image_ready_fd);
+
+// sqbox serve: the request's stdio becomes 0-2; everything else the long-lived supervisor holds
+// (other sandboxes' pipes, its control socket) is closed.
+void adopt_request_stdio(const InitContext& context);
+
+// enroot export: the merged layers, as the sandbox would see them at its root, packed into a new
+// image on the host. Nothing runs from the image.
+[[noreturn]] void export_root(const InitContext& context, const SandboxConfig& config);
+
+// Moves init into the sandbox's cgroup (if it has one) before the payload exists, then makes the
+// current cgroup the root of a fresh cgroup namespace: the payload sees "/" and nothing of the
+// host's tree. The launcher sends the cgroup's join files on `channel`, with the limits it holds,
+// which the payload then does not apply as rlimits.
+void enter_sandbox_cgroup(int channel, ResourceLimits& rlimits);
+
+// Whether the payload starts before the root is ready: a profile of sqbox's own (or none), and a
+// plain run (not pooled, no --tty).
+bool starts_payload_early(const SandboxPlan& plan);
+
+// The payload's process, as init holds it.
+struct PayloadProcess {
+    pid_t pid = -1;
+    UniqueFd exec_status;  // EOF once the command runs; a StageReport if it could not
+    UniqueFd ready;        // started early: where init says the root is ready (kRootReady)
+};
+
+// Forks the payload before init builds the root; it runs run_payload's early steps meanwhile.
+PayloadProcess start_payload_early(const SandboxPlan& plan, const InitContext& context);
+
+// The hostname, then the complete root (rootfs.h), then pivot_root into it.
+void prepare_sandbox(const SandboxConfig& config);
+
+// A pooled sandbox: everything is set up; now the request arrives. Its stdio replaces 0-2, its
+// command and additions complete the configuration. The server going away ends the sandbox.
+void await_request(int channel, SandboxConfig& config, SandboxPlan& plan);
+
+// --tty: a terminal of the sandbox's own, whose master is sent to the launcher on `channel`.
+SandboxPty open_terminal_if_asked(const SandboxConfig& config, int channel);
+
+// Forks the payload once the root is complete (`terminal_fd`: --tty's slave, or -1).
+PayloadProcess start_payload(const SandboxPlan& plan, int terminal_fd);
+
+// An early payload waits for the root: tells it the root is ready.
+void release_early_payload(PayloadProcess& payload);
+
+// Waits until the payload has executed its command or failed to (forwarding signals), says so
+// early on `report_fd`, then until it ends, reaping every orphan; returns how it ended.
+StageReport supervise_payload_to_end(PayloadProcess& payload, int report_fd,
+                                     std::chrono::steady_clock::time_point started);
 
 }  // namespace sqbox

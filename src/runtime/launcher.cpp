@@ -1,44 +1,21 @@
-// The launcher: the caller's own process. It opens everything that needs the caller's view of the
-// host (the image, /dev/fuse, the sandbox's cgroup), compiles the security policy, creates the
-// supervisor in a new user namespace, relays stdio where needed, forwards signals to it and turns
-// its report into a RunResult.
+// The launcher's steps (runtime/launcher.h); their order is in runtime/pipeline.cpp.
+#include "runtime/launcher.h"
+
 #include <fcntl.h>
 #include <poll.h>
-#include <sched.h>
 #include <sys/signalfd.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <functional>
+#include <cstdio>
 
-#include "image/image_source.h"
-#include "runtime/cgroups.h"
-#include "runtime/image_warm_up_list.h"
-#include "runtime/process.h"
 #include "runtime/signals.h"
-#include "runtime/stage_report.h"
-#include "runtime/stdio_relay.h"
-#include "runtime/supervisor.h"
-#include "security/landlock.h"
-#include "security/seccomp_choice.h"
-#include "sqbox/sandbox.h"
 #include "util/errors.h"
 #include "util/fd_passing.h"
 #include "util/files.h"
 
 namespace sqbox {
 namespace {
-
-// The supervisor opens /dev/fuse itself (the kernel wants the device opened in the user
-// namespace that mounts it); checking here gives the clear error before any namespace exists.
-void check_fuse_device() {
-    if (::access("/dev/fuse", R_OK | W_OK) != 0) {
-        throw system_error(
-            "cannot use /dev/fuse (needed to mount .sqsh images; it must exist "
-            "and be read-writable by you, mode 0666 on standard systems)");
-    }
-}
 
 void fill_result(const StageReport& report, RunResult& result) {
     result.exit_status = report.exit_status;
@@ -89,21 +66,36 @@ std::vector<AppliedLimit> describe_limits(const ResourceLimits& limits,
     };
 }
 
-// Decides everything that does not need the sandbox yet, so bad settings fail before any
-// namespace exists.
-SandboxPlan make_plan(const SandboxConfig& config, const SandboxCgroup* cgroup) {
+// Whether the sandbox's cgroup is decided before the sandbox starts. Finding it means reading the
+// mount table (a few hundred microseconds), so the plain root run does that while the supervisor
+// sets the sandbox up; options the cgroup may refuse are checked first, so that they fail before
+// any namespace exists, and --verbose names each limit's mechanism up front.
+bool cgroup_decided_first(const SandboxConfig& config) {
+    return !config.cgroup_parent.empty() || config.limits.cpus || config.verbose;
+}
+
+}  // namespace
+
+void check_fuse_device() {
+    if (::access("/dev/fuse", R_OK | W_OK) != 0) {
+        throw system_error(
+            "cannot use /dev/fuse (needed to mount .sqsh images; it must exist "
+            "and be read-writable by you, mode 0666 on standard systems)");
+    }
+}
+
+std::optional<SandboxCgroup> plan_cgroup_before_start(const SandboxConfig& config) {
+    if (!cgroup_decided_first(config)) return std::nullopt;
+    return SandboxCgroup::plan(config);
+}
+
+SandboxPlan plan_run(const SandboxConfig& config, const SandboxCgroup* cgroup) {
     // Resolved in the sandbox's root, never against a directory the payload inherits.
     if (config.workdir.empty() || config.workdir.front() != '/') {
         throw Error("the working directory must be an absolute path in the sandbox, not '" +
                     config.workdir + "'");
     }
-    SandboxPlan plan;
-    plan.config = &config;
-    plan.seccomp = prepare_seccomp(config.seccomp_profile);
-    plan.landlock_abi = landlock_abi_version();
-    plan.payload_may_start_early = allows_early_payload_start(config.seccomp_profile);
-    // Init drops the ones the sandbox's cgroup holds when it joins (hand_over_cgroup).
-    plan.rlimits = config.limits;
+    SandboxPlan plan = build_sandbox_plan(config);
     if (config.limits.cpus && (cgroup == nullptr || !cgroup->limits_cpu())) {
         throw Error(
             "--cpus needs a cgroup with the cpu controller: run as root, or pass --cgroup DIR "
@@ -131,17 +123,6 @@ SandboxPlan make_plan(const SandboxConfig& config, const SandboxCgroup* cgroup) 
     return plan;
 }
 
-// Whether the sandbox's cgroup is decided before the sandbox starts. Finding it means reading the
-// mount table (a few hundred microseconds), so the plain root run does that while the supervisor
-// sets the sandbox up; options the cgroup may refuse are checked first, so that they fail before
-// any namespace exists, and --verbose names each limit's mechanism up front.
-bool cgroup_decided_first(const SandboxConfig& config) {
-    return !config.cgroup_parent.empty() || config.limits.cpus || config.verbose;
-}
-
-// Decides (unless decided first) and creates the sandbox's cgroup while the supervisor and init
-// set the sandbox up, and sends init the files that move it in, with the limits it holds. A
-// failure goes to init as text: init reports it (one line, 125).
 void hand_over_cgroup(const SandboxConfig& config, std::optional<SandboxCgroup>& cgroup,
                       int channel) {
     std::vector<int> join_fds;
@@ -166,32 +147,16 @@ void hand_over_cgroup(const SandboxConfig& config, std::optional<SandboxCgroup>&
     }
 }
 
-// Restores SIGPIPE's disposition on scope exit; while relaying, a payload that closes its stdin
-// must give the launcher EPIPE, not kill it.
-class ScopedIgnoreSigpipe {
-  public:
-    ScopedIgnoreSigpipe() {
-        struct sigaction ignore {};
-        ignore.sa_handler = SIG_IGN;
-        (void)::sigaction(SIGPIPE, &ignore, &previous_);
-    }
-    ~ScopedIgnoreSigpipe() { (void)::sigaction(SIGPIPE, &previous_, nullptr); }
-    ScopedIgnoreSigpipe(const ScopedIgnoreSigpipe&) = delete;
-    ScopedIgnoreSigpipe& operator=(const ScopedIgnoreSigpipe&) = delete;
+ScopedIgnoreSigpipe::ScopedIgnoreSigpipe() {
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    (void)::sigaction(SIGPIPE, &ignore, &previous_);
+}
 
-  private:
-    struct sigaction previous_ {};
-};
+ScopedIgnoreSigpipe::~ScopedIgnoreSigpipe() {
+    (void)::sigaction(SIGPIPE, &previous_, nullptr);
+}
 
-// What supervise() saw: the supervisor's wait status and, if it sent one, its final report.
-struct Supervision {
-    int status = 0;
-    std::optional<StageReport> report;
-};
-
-// Forwards signals to the supervisor and relays stdio until the supervisor has exited and all
-// relayed output is drained. The supervisor reports once init is gone, before it tears down its
-// own mounts: `sandbox_gone` runs then, so that work overlaps with that teardown.
 Supervision supervise(ChildProcess& supervisor, StdioRelay& relay, int report_fd,
                       const std::function<void()>& sandbox_gone) {
     sigset_t signals = pipeline_signals();
@@ -256,76 +221,25 @@ Supervision supervise(ChildProcess& supervisor, StdioRelay& relay, int report_fd
     return supervision;
 }
 
-}  // namespace
-
-RunResult run_sandbox(const SandboxConfig& config) {
+RunResult result_of(const Supervision& supervision, const StdioRelay& relay,
+                    const SandboxConfig& config, const SandboxPlan& plan,
+                    const SandboxCgroup* cgroup, bool oom_killed) {
+    if (!supervision.report) {
+        throw Error("sandbox supervisor died unexpectedly (status " +
+                    std::to_string(shell_status(supervision.status)) + ")");
+    }
     RunResult result;
     result.seccomp = config.seccomp_profile;
-    try {
-        ImageSource image = open_image(config.image);
-        if (image.kind == ImageSource::Kind::kSquashfs) check_fuse_device();
-        std::optional<SandboxCgroup> cgroup;
-        if (cgroup_decided_first(config)) cgroup = SandboxCgroup::plan(config);
-        SandboxPlan plan = make_plan(config, cgroup ? &*cgroup : nullptr);
-        ImageWarmUpList warm_up_list(config, image, plan);
-        Pipe report_pipe = make_pipe("supervisor report");
-        auto [channel, init_channel] = make_message_channel("the sandbox's channel");
-        plan.channel_fd = init_channel.get();
-        StdioRelay relay(config.output_limit_bytes, config.tty, channel.get());
-        std::optional<ScopedIgnoreSigpipe> ignore_sigpipe;
-        if (relay.active()) ignore_sigpipe.emplace();
-
-        ScopedSignalBlock block;
-        const pid_t self = ::getpid();
-        pid_t pid = clone_process(CLONE_NEWUSER | CLONE_NEWNS, "the sandbox's user namespace");
-        if (pid == 0) {
-            report_pipe.read_end.reset();
-            channel.reset();
-            if (relay.active()) {
-                plan.diagnostics_fd = relay.install_in_child();
-                set_diagnostics_fd(plan.diagnostics_fd);
-            }
-            run_supervisor(
-                {&plan, &image, report_pipe.write_end.get(), self, &warm_up_list.names()});
-        }
-        ChildProcess supervisor(pid);
-        report_pipe.write_end.reset();
-        relay.close_child_ends();
-        init_channel.reset();
-        hand_over_cgroup(config, cgroup, channel.get());
-
-        bool oom_killed = false;
-        auto clean_up_cgroup = [&] {
-            if (!cgroup) return;
-            oom_killed = cgroup->oom_killed();
-            cgroup->remove();
-        };
-        Supervision supervision =
-            supervise(supervisor, relay, report_pipe.read_end.get(), clean_up_cgroup);
-        if (!supervision.report) {
-            throw Error("sandbox supervisor died unexpectedly (status " +
-                        std::to_string(shell_status(supervision.status)) + ")");
-        }
-        const StageReport& report = *supervision.report;
-        fill_result(report, result);
-        warm_up_list.save_learned();
-        result.stdout_truncated = relay.stdout_truncated();
-        result.stderr_truncated = relay.stderr_truncated();
-        result.limits = describe_limits(config.limits, cgroup ? &*cgroup : nullptr);
-        result.landlock_abi = plan.landlock_abi;
-        if (oom_killed) {
-            result.oom_killed = true;
-            print_error(
-                "out of memory: the sandbox reached its memory limit and the kernel "
-                "killed a process in it");
-        }
-    } catch (const Error& e) {
-        print_error(e.what());
-        const std::string seccomp = result.seccomp;
-        result = RunResult{};
-        result.seccomp = seccomp;
-        result.exit_status = kExitSqboxFailure;
-        result.error = e.what();
+    fill_result(*supervision.report, result);
+    result.stdout_truncated = relay.stdout_truncated();
+    result.stderr_truncated = relay.stderr_truncated();
+    result.limits = describe_limits(config.limits, cgroup);
+    result.landlock_abi = plan.landlock_abi;
+    if (oom_killed) {
+        result.oom_killed = true;
+        print_error(
+            "out of memory: the sandbox reached its memory limit and the kernel "
+            "killed a process in it");
     }
     return result;
 }

@@ -66,16 +66,18 @@ std::string read_image_environment() {
                                      "the image's /etc/environment");
 }
 
-// A new session (no controlling terminal: nothing the payload does reaches the caller's), default
-// signal handling; with --tty, `terminal_fd` becomes the controlling terminal and 0-2.
+}  // namespace
+
 void leave_callers_session(int terminal_fd) {
     reset_signals();
     if (::setsid() < 0) throw system_error("setsid");
     if (terminal_fd >= 0) adopt_terminal(terminal_fd);  // its fd itself closes at exec
 }
 
-// The environment and working directory, both read from the final root.
 void enter_payload_environment(const SandboxConfig& config) {
+    // The working directory inherited from init is not in the sandbox's tree: leave it for the
+    // root before anything (--workdir included) is resolved against it.
+    if (::chdir("/") != 0) throw system_error("chdir /");
     EnvironmentEntries env = build_payload_environment(config, read_image_environment());
     if (::clearenv() != 0) throw Error("cannot clear the environment");
     for (const auto& [key, value] : env) {
@@ -91,8 +93,6 @@ void enter_payload_environment(const SandboxConfig& config) {
     }
 }
 
-// Every descriptor but stdio (and `kept`, the enroot rc script's, when it is one) closes at exec,
-// whoever opened it (including anything the caller leaked into sqbox).
 void close_descriptors_at_exec(int kept) {
     auto mark = [](unsigned first, unsigned last) {
         if (first <= last && ::syscall(SYS_close_range, first, last, CLOSE_RANGE_CLOEXEC) != 0) {
@@ -107,15 +107,14 @@ void close_descriptors_at_exec(int kept) {
     mark(static_cast<unsigned>(kept) + 1, ~0U);
 }
 
-// Blocks until init says the root is complete. Anything but its word (init failed, and reports
-// why itself) ends the payload before it runs anything.
 void wait_until_root_ready(int ready_fd) {
+    if (ready_fd < 0) return;
     char word = 0;
     if (read_full(ready_fd, &word, 1) != 1 || word != kRootReady) ::_exit(kExitSqboxFailure);
     (void)::close(ready_fd);
 }
 
-[[noreturn]] void exec_command(const SandboxPlan& plan, int status_fd, int rc_fd) {
+void exec_command(const SandboxPlan& plan, int status_fd, int rc_fd) {
     const SandboxConfig& config = *plan.config;
     std::vector<std::string> words = config.command;
     if (config.entrypoint == SandboxConfig::Entrypoint::kEnrootRc) {
@@ -140,8 +139,6 @@ void wait_until_root_ready(int ready_fd) {
     }
     fail_stage(status_fd, kExitNotExecutable, program + ": cannot execute: " + std::strerror(err));
 }
-
-}  // namespace
 
 EnvironmentEntries build_payload_environment(const SandboxConfig& config,
                                              const std::string& image_environment) {
@@ -171,59 +168,6 @@ EnvironmentEntries build_payload_environment(const SandboxConfig& config,
                     std::to_string(kMaxEnvironmentBytes / 1024 / 1024) + " MiB");
     }
     return env;
-}
-
-void exec_payload(const SandboxPlan& plan, int status_fd, int terminal_fd) {
-    const SandboxConfig& config = *plan.config;
-    UniqueFd rc_fd;
-    try {
-        leave_callers_session(terminal_fd);
-        enter_payload_environment(config);
-        apply_resource_limits(plan.rlimits);
-        drop_all_privileges();
-        if (plan.landlock_abi > 0) apply_landlock(plan.landlock_abi);
-        close_descriptors_at_exec(-1);
-        rc_fd = make_rc_descriptor(config);
-        // Last, so that everything above may use calls the profile denies.
-        if (plan.seccomp) install_seccomp_filter(*plan.seccomp);
-    } catch (const Error& e) {
-        fail_stage(status_fd, kExitSqboxFailure, e.what());
-    }
-    exec_command(plan, status_fd, rc_fd.get());
-}
-
-void exec_payload_once_root_ready(const SandboxPlan& plan, int status_fd, int ready_fd) {
-    const SandboxConfig& config = *plan.config;
-    UniqueFd rc_fd;
-    // While init builds the root: what does not depend on it, the costly filter included. A
-    // failure here is told only once the root is ready: if building it fails too, init's is the
-    // one line the caller gets (and nothing here runs on without its word either way).
-    std::optional<std::string> early_failure;
-    try {
-        leave_callers_session(-1);
-        apply_resource_limits(plan.rlimits);
-        rc_fd = make_rc_descriptor(config);
-        drop_all_privileges();
-        if (plan.seccomp) install_seccomp_filter(*plan.seccomp);
-    } catch (const Error& e) {
-        early_failure = e.what();
-    }
-    try {
-        // From here on the filter is in place (or its set-up failed, which is only reported):
-        // every call below is one that sqbox's own profiles allow
-        // (SandboxPlan::payload_may_start_early), and none needs a privilege.
-        wait_until_root_ready(ready_fd);
-        if (early_failure) throw Error(*early_failure);
-        // The working directory inherited from init is not in the sandbox's tree: leave it for
-        // the root before anything (--workdir included) is resolved against it.
-        if (::chdir("/") != 0) throw system_error("chdir /");
-        enter_payload_environment(config);
-        if (plan.landlock_abi > 0) apply_landlock(plan.landlock_abi);
-        close_descriptors_at_exec(rc_fd.get());
-    } catch (const Error& e) {
-        fail_stage(status_fd, kExitSqboxFailure, e.what());
-    }
-    exec_command(plan, status_fd, rc_fd.get());
 }
 
 }  // namespace sqbox

@@ -18,23 +18,43 @@ inline constexpr const char* kDefaultPayloadPath =
 EnvironmentEntries build_payload_environment(const SandboxConfig& config,
                                              const std::string& image_environment);
 
-// Runs in the child forked by init, inside the final root. Resets signals, starts a new session
-// (no controlling terminal), builds the environment, enters the working directory, applies
-// limits, drops every privilege, applies Landlock and seccomp (last) and executes the command. On
-// any failure it prints one line, sends a StageReport on `status_fd` (close-on-exec, so silence
-// means the exec succeeded) and exits with 125, 126 or 127. `terminal_fd` (--tty) becomes the
-// controlling terminal and fds 0-2; -1 keeps stdio as it is.
-[[noreturn]] void exec_payload(const SandboxPlan& plan, int status_fd, int terminal_fd);
+// What the payload's process gets from init.
+struct PayloadContext {
+    const SandboxPlan* plan = nullptr;
+    // A StageReport on failure; close-on-exec, so silence means the command was executed.
+    int status_fd = -1;
+    // Started early (SandboxPlan::payload_may_start_early): where init sends kRootReady once the
+    // root is complete; -1 when the root was complete before the payload started.
+    int ready_fd = -1;
+    int terminal_fd = -1;  // --tty: becomes the controlling terminal and 0-2; -1 keeps stdio
+};
+
+// The payload's process, from init's fork to execve: one order of steps, the first ones (which
+// read nothing of the sandbox's files) done before the root is ready when started early.
+// Defined in runtime/pipeline.cpp. On any failure it prints one line, sends a StageReport on
+// status_fd and exits with 125, 126 or 127.
+[[noreturn]] void run_payload(const PayloadContext& context);
 
 // What init sends on `ready_fd` once the root is complete.
 inline constexpr char kRootReady = 'r';
 
-// The same for a payload started before the root is ready (SandboxPlan::payload_may_start_early):
-// while init still builds the root, it starts a new session, applies limits, drops every
-// privilege and installs the seccomp filter; then it waits for kRootReady on `ready_fd` (anything
-// else ends it quietly: init reports) and, in the final root, builds the environment, enters the
-// working directory, applies Landlock and executes the command. No terminal (--tty starts late).
-[[noreturn]] void exec_payload_once_root_ready(const SandboxPlan& plan, int status_fd,
-                                               int ready_fd);
+// A new session (no controlling terminal: nothing the payload does reaches the caller's), default
+// signal handling; with --tty, `terminal_fd` becomes the controlling terminal and 0-2.
+void leave_callers_session(int terminal_fd);
+
+// Blocks until init says the root is complete (returns at once for ready_fd -1). Anything but its
+// word (init failed, and reports why itself) ends the payload before it runs anything.
+void wait_until_root_ready(int ready_fd);
+
+// In the final root: the environment (build_payload_environment) and the working directory.
+void enter_payload_environment(const SandboxConfig& config);
+
+// Every descriptor but stdio (and `kept`, the enroot rc script's, when it is one) closes at exec,
+// whoever opened it (including anything the caller leaked into sqbox).
+void close_descriptors_at_exec(int kept);
+
+// Executes the command (or enroot's rc through the container's shell); reports 126/127 when it
+// cannot.
+[[noreturn]] void exec_command(const SandboxPlan& plan, int status_fd, int rc_fd);
 
 }  // namespace sqbox

@@ -5,10 +5,8 @@
 
 #include <array>
 #include <optional>
-#include <utility>
-
-#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "security/seccomp_filter.h"
@@ -51,5 +49,11 @@ struct SandboxPlan {
     std::string hot_files_tree;
     int hot_files_fd = -1;
 };
+
+// The one policy builder, for `sqbox run`'s launcher and for `sqbox serve` (its template for every
+// sandbox): the seccomp filter compiled from config.seccomp_profile, the kernel's Landlock ABI,
+// whether the payload may start before its root is ready, and the rlimits (init drops the ones
+// the sandbox's cgroup holds when it joins). Throws Error for a profile that cannot be used.
+SandboxPlan build_sandbox_plan(const SandboxConfig& config);
 
 }  // namespace sqbox

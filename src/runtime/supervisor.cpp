@@ -78,131 +78,127 @@ ChildProcess mount_image_and_serve(const ImageSource& image, const IdMapping& id
     return ChildProcess(pid);  // `fuse` closes here: the server holds the connection now
 }
 
-void run_supervisor(const SupervisorContext& context) {
+void leave_process_group() {
+    if (::setpgid(0, 0) != 0) throw system_error("setpgid");
+}
+
+std::vector<int> descriptors_of(const SupervisorContext& context) {
     const SandboxPlan& plan = *context.plan;
-    const SandboxConfig& config = *plan.config;
-    const ImageSource& image = *context.image;
-    try {
-        die_with_parent(context.launcher_pid);
-        // Out of the caller's process group: terminal signals reach only the launcher, which
-        // forwards them exactly once.
-        if (::setpgid(0, 0) != 0) throw system_error("setpgid");
-        std::vector<int> keep = {image.file.get(), context.report_fd};
-        for (int fd : {plan.diagnostics_fd, plan.channel_fd, plan.learn_fd, plan.hot_files_fd}) {
-            if (fd >= 0) keep.push_back(fd);
-        }
-        close_fds_except(keep);
-
-        const IdMapping ids = map_ids_and_seal(config);
-
-        // Init starts before the image is mounted, still in this mount namespace, so that the
-        // network namespace it creates first is built while the image is mounted here.
-        Pipe init_report = make_pipe("init report");
-        Pipe lifeline = make_pipe("lifeline");
-        // A socket rather than a pipe: if init is already gone, the send fails instead of
-        // killing this process with SIGPIPE, and init's own report says what happened.
-        auto [image_ready, init_image_ready] = make_message_channel("the image-ready channel");
-        const auto started = Clock::now();
-        pid_t init_pid = clone_process(kSandboxNamespaces & ~CLONE_NEWNS, "sandbox namespaces");
-        if (init_pid == 0) {
-            init_report.read_end.reset();
-            lifeline.write_end.reset();
-            image_ready.reset();
-            run_init({&plan, init_report.write_end.get(), lifeline.read_end.get(),
-                      init_image_ready.get()});
-        }
-        ChildProcess init(init_pid);
-        init_report.write_end.reset();
-        lifeline.read_end.reset();
-        init_image_ready.reset();
-
-        ChildProcess server =
-            mount_image_and_serve(image, ids,
-                                  {context.report_fd, plan.channel_fd, init_report.read_end.get(),
-                                   lifeline.write_end.get(), image_ready.get(), plan.hot_files_fd},
-                                  plan.learn_fd);
-        // The server has its own copy of the learning run's record file.
-        if (plan.learn_fd >= 0) (void)::close(plan.learn_fd);
-        // The unpacked files go above the image before init builds the sandbox's root on it
-        // (it waits for image_ready), and the warm-up reads what the sandbox will read.
-        std::string warm_up_root = kImageDir;
-        if (image.kind == ImageSource::Kind::kSquashfs && plan.hot_files_fd >= 0) {
-            warm_up_root = mount_hot_files(plan.hot_files_tree, plan.hot_files_fd, config.verbose);
-        }
-        if (plan.hot_files_fd >= 0) (void)::close(plan.hot_files_fd);
-        // Last fork done: from here on this process may have a second thread.
-        ImageWarmUp warm_up =
-            image.kind == ImageSource::Kind::kSquashfs
-                ? start_image_warm_up(warm_up_root, first_lookups(config),
-                                      context.warm_up_names != nullptr ? *context.warm_up_names
-                                                                       : std::vector<WarmUpName>{})
-                : ImageWarmUp();
-        if (::send(image_ready.get(), "1", 1, MSG_NOSIGNAL) != 1 && errno != EPIPE) {
-            throw system_error("cannot tell init that the image is ready");
-        }
-        image_ready.reset();
-
-        std::optional<Clock::time_point> deadline;
-        if (config.timeout_seconds) {
-            deadline = started + std::chrono::duration_cast<Clock::duration>(
-                                     std::chrono::duration<double>(*config.timeout_seconds));
-        }
-        bool timed_out = false;
-        bool server_died = false;
-        while (init.running()) {
-            std::optional<long> wait_ms;
-            if (deadline && !timed_out) {
-                wait_ms =
-                    std::chrono::ceil<std::chrono::milliseconds>(*deadline - Clock::now()).count();
-            }
-            std::optional<siginfo_t> info = wait_for_signal(wait_ms);
-            if (!info) {
-                timed_out = true;
-                init.send(SIGKILL);  // the kernel then kills every process of the pid namespace
-                continue;
-            }
-            if (is_forwarded_signal(info->si_signo)) {
-                init.send(info->si_signo);
-                continue;
-            }
-            (void)init.try_reap();
-            if (server.running() && server.try_reap()) {
-                server_died = true;
-                init.send(SIGKILL);
-            }
-        }
-
-        StageReport report;
-        const bool reported =
-            receive_last_report(init_report.read_end.get(), report) && !report.only_started();
-        if (timed_out && !(reported && report.payload_finished)) {
-            report.timed_out = 1;
-            report.exit_status = kExitTimeout;
-            std::string message =
-                "timed out after " + format_seconds(*config.timeout_seconds) + " s; sandbox killed";
-            print_error(message);
-            report.set_error(message);
-        } else if (server_died) {
-            fail_stage(context.report_fd, kExitSqboxFailure,
-                       "the image server died; sandbox killed");
-        } else if (!reported) {
-            fail_stage(context.report_fd, kExitSqboxFailure, "sandbox init died unexpectedly");
-        }
-        if (!report.payload_finished) {
-            report.wall_ns =
-                std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - started)
-                    .count();
-        }
-        // A learning run's record includes what the warm-up looked up (the directories on the way
-        // to a listed name, say). Bounded, and not after a timeout: this process does not act on
-        // signals meanwhile, and a wedged server would keep the warm-up waiting.
-        if (config.learn_warm_up && !timed_out) (void)warm_up.finish_within(kLearningWarmUpWait);
-        server.kill_and_reap();
-        send_report(context.report_fd, report);
-        ::_exit(0);
-    } catch (const Error& e) {
-        fail_stage(context.report_fd, kExitSqboxFailure, e.what());
+    std::vector<int> keep = {context.image->file.get(), context.report_fd};
+    for (int fd : {plan.diagnostics_fd, plan.channel_fd, plan.learn_fd, plan.hot_files_fd}) {
+        if (fd >= 0) keep.push_back(fd);
     }
+    return keep;
+}
+
+InitChannels make_init_channels() {
+    InitChannels channels{make_pipe("init report"), make_pipe("lifeline"), {}, {}};
+    // A socket rather than a pipe: if init is already gone, the send fails instead of killing
+    // this process with SIGPIPE, and init's own report says what happened.
+    std::tie(channels.image_ready, channels.init_image_ready) =
+        make_message_channel("the image-ready channel");
+    return channels;
+}
+
+InitContext InitChannels::take_init_ends(const SandboxPlan& plan) {
+    report.read_end.reset();
+    lifeline.write_end.reset();
+    image_ready.reset();
+    return {&plan, report.write_end.get(), lifeline.read_end.get(), init_image_ready.get()};
+}
+
+void InitChannels::close_init_ends() {
+    report.write_end.reset();
+    lifeline.read_end.reset();
+    init_image_ready.reset();
+}
+
+std::vector<int> server_closes(const SupervisorContext& context, const InitChannels& channels) {
+    return {context.report_fd,
+            context.plan->channel_fd,
+            channels.report.read_end.get(),
+            channels.lifeline.write_end.get(),
+            channels.image_ready.get(),
+            context.plan->hot_files_fd};
+}
+
+std::string mount_unpacked_files(const ImageSource& image, const SandboxPlan& plan) {
+    if (image.kind != ImageSource::Kind::kSquashfs || plan.hot_files_fd < 0) return kImageDir;
+    return mount_hot_files(plan.hot_files_tree, plan.hot_files_fd, plan.config->verbose);
+}
+
+ImageWarmUp start_warm_up(const ImageSource& image, const std::string& root,
+                          const SandboxConfig& config, const std::vector<WarmUpName>* names) {
+    if (image.kind != ImageSource::Kind::kSquashfs) return {};
+    return start_image_warm_up(root, first_lookups(config),
+                               names != nullptr ? *names : std::vector<WarmUpName>{});
+}
+
+void tell_init_image_ready(UniqueFd& image_ready) {
+    if (::send(image_ready.get(), "1", 1, MSG_NOSIGNAL) != 1 && errno != EPIPE) {
+        throw system_error("cannot tell init that the image is ready");
+    }
+    image_ready.reset();
+}
+
+SandboxEnd watch_sandbox(ChildProcess& init, ChildProcess& server, Clock::time_point started,
+                         std::optional<double> timeout_seconds) {
+    std::optional<Clock::time_point> deadline;
+    if (timeout_seconds) {
+        deadline = started + std::chrono::duration_cast<Clock::duration>(
+                                 std::chrono::duration<double>(*timeout_seconds));
+    }
+    SandboxEnd end;
+    while (init.running()) {
+        std::optional<long> wait_ms;
+        if (deadline && !end.timed_out) {
+            wait_ms =
+                std::chrono::ceil<std::chrono::milliseconds>(*deadline - Clock::now()).count();
+        }
+        std::optional<siginfo_t> info = wait_for_signal(wait_ms);
+        if (!info) {
+            end.timed_out = true;
+            init.send(SIGKILL);  // the kernel then kills every process of the pid namespace
+            continue;
+        }
+        if (is_forwarded_signal(info->si_signo)) {
+            init.send(info->si_signo);
+            continue;
+        }
+        (void)init.try_reap();
+        if (server.running() && server.try_reap()) {
+            end.server_died = true;
+            init.send(SIGKILL);
+        }
+    }
+    return end;
+}
+
+StageReport final_report(int init_report_fd, const SandboxEnd& end, Clock::time_point started,
+                         const SandboxConfig& config, int report_fd) {
+    StageReport report;
+    const bool reported = receive_last_report(init_report_fd, report) && !report.only_started();
+    if (end.timed_out && !(reported && report.payload_finished)) {
+        report.timed_out = 1;
+        report.exit_status = kExitTimeout;
+        std::string message =
+            "timed out after " + format_seconds(*config.timeout_seconds) + " s; sandbox killed";
+        print_error(message);
+        report.set_error(message);
+    } else if (end.server_died) {
+        fail_stage(report_fd, kExitSqboxFailure, "the image server died; sandbox killed");
+    } else if (!reported) {
+        fail_stage(report_fd, kExitSqboxFailure, "sandbox init died unexpectedly");
+    }
+    if (!report.payload_finished) {
+        report.wall_ns =
+            std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - started).count();
+    }
+    return report;
+}
+
+void finish_learning_warm_up(ImageWarmUp& warm_up) {
+    (void)warm_up.finish_within(kLearningWarmUpWait);
 }
 
 }  // namespace sqbox

@@ -1,17 +1,25 @@
-// The sandbox's supervisor: root of a new user namespace, owner of the image mount.
+// The sandbox's supervisor: root of a new user namespace, owner of the image mount. Its steps, in
+// the order runtime/pipeline.cpp calls them.
 #pragma once
 
 #include <sched.h>
 #include <sys/types.h>
 
+#include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "image/image_source.h"
 #include "image/warm_up_list.h"
+#include "runtime/image_warm_up.h"
+#include "runtime/init.h"
 #include "runtime/process.h"
 #include "runtime/sandbox_plan.h"
+#include "runtime/stage_report.h"
 #include "runtime/user_namespace.h"
+#include "util/files.h"
+#include "util/unique_fd.h"
 
 namespace sqbox {
 
@@ -40,6 +48,64 @@ struct SupervisorContext {
     // the payload have no use for it).
     const std::vector<WarmUpName>* warm_up_names = nullptr;
 };
+
+// Out of the caller's process group: terminal signals reach only the launcher.
+void leave_process_group();
+
+// The descriptors the supervisor keeps from the launcher: the image, the report, and the plan's.
+std::vector<int> descriptors_of(const SupervisorContext& context);
+
+// The supervisor's channels to init, both ends until init is cloned.
+struct InitChannels {
+    Pipe report;    // init's StageReports
+    Pipe lifeline;  // the supervisor holds the write end: init dies when it closes
+    UniqueFd image_ready;
+    UniqueFd init_image_ready;  // one byte when the image is mounted (InitContext::image_ready_fd)
+
+    // In init: drops the supervisor's ends, returns init's.
+    InitContext take_init_ends(const SandboxPlan& plan);
+    // In the supervisor, once init exists: drops init's ends.
+    void close_init_ends();
+};
+InitChannels make_init_channels();
+
+// What the image server closes: everything of the supervisor's but the image and /dev/fuse.
+std::vector<int> server_closes(const SupervisorContext& context, const InitChannels& channels);
+
+// Binds the image's unpacked files above it (see mount_hot_files); returns the directory the
+// warm-up reads: the image as sandboxes will see it.
+std::string mount_unpacked_files(const ImageSource& image, const SandboxPlan& plan);
+
+// Starts looking up, on a thread, what every start needs and the warm-up list's names (a squashfs
+// image only). Call only once no more processes will be forked.
+ImageWarmUp start_warm_up(const ImageSource& image, const std::string& root,
+                          const SandboxConfig& config, const std::vector<WarmUpName>* names);
+
+// One byte to init: the image is mounted.
+void tell_init_image_ready(UniqueFd& image_ready);
+
+// How the sandbox ended, as the supervisor saw it.
+struct SandboxEnd {
+    bool timed_out = false;
+    bool server_died = false;
+};
+
+// Until init is gone: kills the sandbox at its deadline or when the image server dies, and passes
+// the launcher's forwarded signals to init.
+SandboxEnd watch_sandbox(ChildProcess& init, ChildProcess& server,
+                         std::chrono::steady_clock::time_point started,
+                         std::optional<double> timeout_seconds);
+
+// Init's last report, completed with what only the supervisor knows (timeout, a dead image server
+// or init). Fails the stage (exits) when there is nothing to report.
+StageReport final_report(int init_report_fd, const SandboxEnd& end,
+                         std::chrono::steady_clock::time_point started, const SandboxConfig& config,
+                         int report_fd);
+
+// A learning run's record includes what the warm-up looked up (the directories on the way to a
+// listed name, say). Bounded, and not after a timeout: this process does not act on signals
+// meanwhile, and a wedged server would keep the warm-up waiting.
+void finish_learning_warm_up(ImageWarmUp& warm_up);
 
 // Runs in a fresh user + mount namespace: maps the caller's ids, builds the scratch root, mounts
 // the image (starting the FUSE server), starts init in the sandbox's namespaces, enforces the

@@ -208,10 +208,7 @@ class Server {
         WarmSupervisorContext context;
         context.image = &image_;
         context.base = &options_.base;
-        context.plan_template.seccomp = prepare_seccomp(options_.base.seccomp_profile);
-        context.plan_template.landlock_abi = landlock_abi_version();
-        context.plan_template.payload_may_start_early =
-            allows_early_payload_start(options_.base.seccomp_profile);
+        context.plan_template = build_sandbox_plan(options_.base);
         context.driver_source = std::string(session_driver_source());
         auto [control, supervisor_end] = make_message_channel("the supervisor's channel");
         control_ = std::move(control);

@@ -1,0 +1,281 @@
+// The launch of one sandbox, in order: which process does which step. Every step is one call into
+// the file of its concern; this file holds the order and nothing else.
+//
+//   launcher    the caller's process: the image, /dev/fuse, the policy, the cgroup, stdio, signals
+//    └─ supervisor      clone(NEWUSER | NEWNS): root of the sandbox's user namespace, owns the
+//    mounts
+//        ├─ image server    fork: serves the .sqsh over FUSE; lives as long as the sandbox
+//        └─ init            clone(NEWPID | NEWIPC | NEWUTS): PID 1; makes its network and cgroup
+//            │              namespaces, builds the root, pivots into it, reaps, reports
+//            └─ payload     fork: drops everything, confines itself, executes the command
+//
+// `sqbox serve` (session/warm_supervisor.cpp) keeps one supervisor and image server per image and
+// starts every sandbox's init under it with run_init below: the same init and payload steps.
+//
+// Each step only narrows what the next may do; seccomp comes last but for the calls that sqbox's
+// own profiles allow (see run_payload). Every process dies with its parent, and the kernel takes
+// the sandbox's processes and mounts with init and the supervisor: nothing is left to undo.
+#include <sched.h>
+#include <unistd.h>
+
+#include <chrono>
+
+#include "image/image_source.h"
+#include "runtime/capabilities.h"
+#include "runtime/cgroups.h"
+#include "runtime/enroot_entrypoint.h"
+#include "runtime/image_warm_up.h"
+#include "runtime/image_warm_up_list.h"
+#include "runtime/init.h"
+#include "runtime/launcher.h"
+#include "runtime/limits.h"
+#include "runtime/network.h"
+#include "runtime/payload.h"
+#include "runtime/process.h"
+#include "runtime/rootfs.h"
+#include "runtime/signals.h"
+#include "runtime/stage_report.h"
+#include "runtime/stdio_relay.h"
+#include "runtime/supervisor.h"
+#include "runtime/terminal.h"
+#include "security/landlock.h"
+#include "security/seccomp_filter.h"
+#include "sqbox/sandbox.h"
+#include "util/errors.h"
+#include "util/fd_passing.h"
+#include "util/files.h"
+
+namespace sqbox {
+
+// ---- the launcher: the caller's process ----
+
+RunResult run_sandbox(const SandboxConfig& config) {
+    try {
+        // 1. What needs the caller's view of the host, checked before any namespace exists.
+        ImageSource image = open_image(config.image);
+        if (image.kind == ImageSource::Kind::kSquashfs) check_fuse_device();
+        // 2. The policy: the seccomp filter, Landlock, limits and where each is enforced.
+        std::optional<SandboxCgroup> cgroup = plan_cgroup_before_start(config);
+        SandboxPlan plan = plan_run(config, cgroup ? &*cgroup : nullptr);
+        // 3. The image's warm-up list and unpacked files (warm-up lists in docs/warm-up.md).
+        ImageWarmUpList warm_up_list(config, image, plan);
+        // 4. The channels: the supervisor's report, and init's channel (cgroup, terminal).
+        Pipe report = make_pipe("supervisor report");
+        auto [channel, init_channel] = make_message_channel("the sandbox's channel");
+        plan.channel_fd = init_channel.get();
+        // 5. The payload's stdio: relayed where the caller's cannot be handed over as it is.
+        StdioRelay relay(config.output_limit_bytes, config.tty, channel.get());
+        std::optional<ScopedIgnoreSigpipe> ignore_sigpipe;
+        if (relay.active()) ignore_sigpipe.emplace();
+
+        // 6. The supervisor, in a new user and mount namespace.
+        ScopedSignalBlock block;
+        const pid_t launcher = ::getpid();
+        const pid_t pid =
+            clone_process(CLONE_NEWUSER | CLONE_NEWNS, "the sandbox's user namespace");
+        if (pid == 0) {
+            report.read_end.reset();
+            channel.reset();
+            if (relay.active()) {
+                plan.diagnostics_fd = relay.install_in_child();
+                set_diagnostics_fd(plan.diagnostics_fd);
+            }
+            run_supervisor(
+                {&plan, &image, report.write_end.get(), launcher, &warm_up_list.names()});
+        }
+        ChildProcess supervisor(pid);
+        report.write_end.reset();
+        relay.close_child_ends();
+        init_channel.reset();
+
+        // 7. The cgroup, created while the sandbox is being set up; init joins it.
+        hand_over_cgroup(config, cgroup, channel.get());
+        // 8. Signals forwarded and stdio relayed until the sandbox is gone; then the cgroup goes
+        //    while the supervisor tears its mounts down.
+        bool oom_killed = false;
+        const Supervision supervision = supervise(supervisor, relay, report.read_end.get(), [&] {
+            if (!cgroup) return;
+            oom_killed = cgroup->oom_killed();
+            cgroup->remove();
+        });
+        // 9. The record; a learning run adds what the image server recorded to its list.
+        RunResult result =
+            result_of(supervision, relay, config, plan, cgroup ? &*cgroup : nullptr, oom_killed);
+        warm_up_list.save_learned();
+        return result;
+    } catch (const Error& e) {
+        print_error(e.what());
+        RunResult failed;
+        failed.seccomp = config.seccomp_profile;
+        failed.exit_status = kExitSqboxFailure;
+        failed.error = e.what();
+        return failed;
+    }
+}
+
+// ---- the supervisor: root of the sandbox's user namespace ----
+
+void run_supervisor(const SupervisorContext& context) {
+    const SandboxPlan& plan = *context.plan;
+    const SandboxConfig& config = *plan.config;
+    const ImageSource& image = *context.image;
+    try {
+        // 1. Tied to the launcher, out of the caller's process group (terminal signals reach only
+        //    the launcher, which forwards them once), holding nothing the caller leaked.
+        die_with_parent(context.launcher_pid);
+        leave_process_group();
+        close_fds_except(descriptors_of(context));
+        // 2. The caller's ids mapped; no longer dumpable.
+        const IdMapping ids = map_ids_and_seal(config);
+
+        // 3. Init, before the image is mounted: the network namespace it makes first is built
+        //    while the image is being mounted here.
+        InitChannels init_channels = make_init_channels();
+        const auto started = std::chrono::steady_clock::now();
+        const pid_t init_pid =
+            clone_process(kSandboxNamespaces & ~CLONE_NEWNS, "sandbox namespaces");
+        if (init_pid == 0) {
+            const InitContext init_context = init_channels.take_init_ends(plan);
+            run_init(init_context);
+        }
+        ChildProcess init(init_pid);
+        init_channels.close_init_ends();
+
+        // 4. The image at /image in a private scratch root, and its FUSE server.
+        ChildProcess server =
+            mount_image_and_serve(image, ids, server_closes(context, init_channels), plan.learn_fd);
+        close_owned_fd(plan.learn_fd);  // the server has its own copy
+        // 5. The unpacked files above the image, and the names every start needs looked up
+        //    ahead (on a thread of its own: no fork follows).
+        const std::string warm_up_root = mount_unpacked_files(image, plan);
+        close_owned_fd(plan.hot_files_fd);
+        ImageWarmUp warm_up = start_warm_up(image, warm_up_root, config, context.warm_up_names);
+        // 6. Init may take its copy of the mount namespace now.
+        tell_init_image_ready(init_channels.image_ready);
+
+        // 7. The sandbox runs: the timeout, the launcher's signals, the image server's health.
+        const SandboxEnd end = watch_sandbox(init, server, started, config.timeout_seconds);
+        // 8. The report, once init is gone; the mounts go with this process.
+        StageReport report = final_report(init_channels.report.read_end.get(), end, started, config,
+                                          context.report_fd);
+        if (config.learn_warm_up && !end.timed_out) finish_learning_warm_up(warm_up);
+        server.kill_and_reap();
+        send_report(context.report_fd, report);
+        ::_exit(0);
+    } catch (const Error& e) {
+        fail_stage(context.report_fd, kExitSqboxFailure, e.what());
+    }
+}
+
+// ---- init: PID 1 of the sandbox ----
+
+void run_init(const InitContext& context) {
+    const SandboxPlan& plan = *context.plan;
+    const SandboxConfig& config = *plan.config;
+    try {
+        // 1. Tied to the supervisor, not dumpable; the host's descriptors the plan carries for
+        //    other processes closed.
+        die_with_supervisor(context.lifeline_fd);
+        close_owned_fd(plan.learn_fd);
+        close_owned_fd(plan.hot_files_fd);
+        // 2. Namespaces of its own: a user namespace (sqbox serve), the network (loopback only).
+        if (plan.own_user_namespace) enter_own_user_namespace(*plan.own_user_namespace);
+        enter_loopback_only_network();
+        // 3. Its own copy of the mount namespace, once the supervisor has mounted the image.
+        if (context.image_ready_fd >= 0)
+            take_mount_namespace_when_image_ready(context.image_ready_fd);
+        // 4. sqbox serve: the request's stdio on 0-2, nothing else of the server's.
+        adopt_request_stdio(context);
+        // enroot export: the root's layers packed into an image; nothing runs.
+        if (!config.export_image_path.empty()) export_root(context, config);
+    } catch (const Error& e) {
+        fail_stage(context.report_fd, kExitSqboxFailure, e.what());
+    }
+
+    StageReport report;
+    try {
+        SandboxConfig live_config = config;
+        SandboxPlan live_plan = plan;
+        live_plan.config = &live_config;
+        // 5. The sandbox's cgroup and a cgroup namespace, before the payload exists.
+        enter_sandbox_cgroup(plan.channel_fd, live_plan.rlimits);
+        // 6. The payload, started early where it may: its own set-up (run_payload's steps before
+        //    the root is ready) overlaps with building the root.
+        std::optional<PayloadProcess> early;
+        if (starts_payload_early(plan)) early = start_payload_early(live_plan, context);
+        // 7. The hostname, the root (overlay, /proc, /dev, /tmp, /etc, mounts), pivot_root.
+        try {
+            prepare_sandbox(config);
+        } catch (const Error& e) {
+            fail_stage(context.report_fd, kExitSqboxFailure, e.what());  // the payload dies with us
+        }
+        // 8. A pooled sandbox waits here for its request: command, environment, stdio.
+        if (plan.pooled) await_request(plan.channel_fd, live_config, live_plan);
+        // 9. --tty: a terminal of the sandbox's own; its master goes to the launcher.
+        SandboxPty terminal = open_terminal_if_asked(config, plan.channel_fd);
+        (void)::close(plan.channel_fd);  // nothing more on it; the payload must not inherit it
+        // 10. The payload runs from here: started now, or told that the root is ready.
+        const auto started = std::chrono::steady_clock::now();
+        PayloadProcess payload =
+            early ? std::move(*early) : start_payload(live_plan, terminal.slave.get());
+        terminal.slave.reset();
+        release_early_payload(payload);
+        // 11. Until the payload has executed its command (or failed to), then until it ends,
+        //     reaping orphans and forwarding signals.
+        report = supervise_payload_to_end(payload, context.report_fd, started);
+    } catch (const Error& e) {
+        print_error(e.what());
+        report.exit_status = kExitSqboxFailure;
+        report.set_error(e.what());
+    }
+    // 12. How the payload ended; init's exit ends every process of the sandbox.
+    send_report(context.report_fd, report);
+    ::_exit(0);
+}
+
+// ---- the payload ----
+
+void run_payload(const PayloadContext& context) {
+    const SandboxPlan& plan = *context.plan;
+    const SandboxConfig& config = *plan.config;
+    UniqueFd rc_fd;
+    // Before the root is ready: nothing here reads the sandbox's files. A payload started early
+    // runs these while init builds the root, and tells a failure only once the root is ready: if
+    // building it fails too, init's is the one line the caller gets.
+    std::optional<std::string> early_failure;
+    try {
+        // 1. A new session (no controlling terminal but the sandbox's own with --tty), default
+        //    signal handling.
+        leave_callers_session(context.terminal_fd);
+        // 2. The rlimits the cgroup does not hold.
+        apply_resource_limits(plan.rlimits);
+        // 3. enroot's rc script as a descriptor that survives exec.
+        rc_fd = make_rc_descriptor(config);
+        // 4. Every capability, securebits locked, no_new_privs.
+        drop_all_privileges();
+        // 5. seccomp now if the profile is sqbox's own: it allows every later step.
+        if (plan.payload_may_start_early && plan.seccomp) install_seccomp_filter(*plan.seccomp);
+    } catch (const Error& e) {
+        early_failure = e.what();
+    }
+    try {
+        // 6. The root is ready (at once for a payload started late).
+        wait_until_root_ready(context.ready_fd);
+        if (early_failure) throw Error(*early_failure);
+        // 7. In the final root: the environment (the image's /etc/environment, --env) and the
+        //    working directory.
+        enter_payload_environment(config);
+        // 8. Landlock: only files beneath the sandbox's root.
+        if (plan.landlock_abi > 0) apply_landlock(plan.landlock_abi);
+        // 9. Only stdio (and the rc script's descriptor) survive exec.
+        close_descriptors_at_exec(rc_fd.get());
+        // 10. seccomp last for a profile from a file, which may refuse any step above.
+        if (!plan.payload_may_start_early && plan.seccomp) install_seccomp_filter(*plan.seccomp);
+    } catch (const Error& e) {
+        fail_stage(context.status_fd, kExitSqboxFailure, e.what());
+    }
+    // 11. The command (or enroot's /etc/rc through the container's shell).
+    exec_command(plan, context.status_fd, rc_fd.get());
+}
+
+}  // namespace sqbox

@@ -1,0 +1,18 @@
+#include "runtime/sandbox_plan.h"
+
+#include "security/landlock.h"
+#include "security/seccomp_choice.h"
+
+namespace sqbox {
+
+SandboxPlan build_sandbox_plan(const SandboxConfig& config) {
+    SandboxPlan plan;
+    plan.config = &config;
+    plan.seccomp = prepare_seccomp(config.seccomp_profile);
+    plan.landlock_abi = landlock_abi_version();
+    plan.payload_may_start_early = allows_early_payload_start(config.seccomp_profile);
+    plan.rlimits = config.limits;
+    return plan;
+}
+
+}  // namespace sqbox
