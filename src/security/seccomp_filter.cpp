@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -303,8 +304,35 @@ std::vector<SyscallCall> probe_calls(const std::vector<ResolvedName>& resolved,
     return calls;
 }
 
-// Whether `compact` answers every probe as `reference` does, and the kernel can still answer
-// without running it every call `reference` lets it (its action cache).
+// Every call number and architecture, arguments 0, in one call per stretch of numbers and of
+// architectures over which neither program can change its answer (seccomp_bpf_eval.h's
+// word_boundaries): a few thousand calls that stand for all 2^64. nullopt if a program does more
+// with the number or the architecture than compare them.
+std::optional<std::vector<SyscallCall>> every_number_calls(
+    const std::vector<sock_filter>& reference, const std::vector<sock_filter>& compact) {
+    std::set<uint32_t> numbers;
+    std::set<uint32_t> archs;
+    for (const std::vector<sock_filter>* program : {&reference, &compact}) {
+        const auto program_numbers = word_boundaries(*program, offsetof(seccomp_data, nr));
+        const auto program_archs = word_boundaries(*program, offsetof(seccomp_data, arch));
+        if (!program_numbers || !program_archs) return std::nullopt;
+        numbers.insert(program_numbers->begin(), program_numbers->end());
+        archs.insert(program_archs->begin(), program_archs->end());
+    }
+    std::vector<SyscallCall> calls;
+    calls.reserve(numbers.size() * archs.size());
+    for (uint32_t arch : archs) {
+        for (uint32_t nr : numbers) calls.push_back({static_cast<int>(nr), arch, {}});
+    }
+    return calls;
+}
+
+// Whether `compact` answers every probe as `reference` does, and every call `reference` answers
+// from its number and architecture alone (which the kernel's action cache can answer without
+// running it, when that answer is to allow) `compact` answers so too. With every_number_calls
+// among the probes, this holds for every call number and architecture: whatever the arguments
+// where `reference` does not read them, with arguments 0 where it does (there both run
+// libseccomp's code for the call's rules).
 bool answers_alike(const std::vector<sock_filter>& reference,
                    const std::vector<sock_filter>& compact,
                    const std::vector<SyscallCall>& probes) {
@@ -313,11 +341,10 @@ bool answers_alike(const std::vector<sock_filter>& reference,
             if (evaluate_seccomp(reference, call) != evaluate_seccomp(compact, call)) return false;
             const bool args_zero = std::all_of(call.args.begin(), call.args.end(),
                                                [](uint64_t arg) { return arg == 0; });
-            if (args_zero &&
-                constant_seccomp_answer(reference, call.nr, call.arch) ==
-                    std::optional<uint32_t>(SECCOMP_RET_ALLOW) &&
-                constant_seccomp_answer(compact, call.nr, call.arch) !=
-                    std::optional<uint32_t>(SECCOMP_RET_ALLOW)) {
+            if (!args_zero) continue;
+            const std::optional<uint32_t> fixed =
+                constant_seccomp_answer(reference, call.nr, call.arch);
+            if (fixed && constant_seccomp_answer(compact, call.nr, call.arch) != fixed) {
                 return false;
             }
         }
@@ -385,10 +412,12 @@ SeccompFilter compile_compact_seccomp_filter(const SeccompProfile& profile,
             filter.program, SyscallCall{entry.number, ::seccomp_arch_native(), {}});
     }
     std::optional<std::vector<sock_filter>> compact = build_range_dispatch(parts);
-    if (compact && compact->size() < filter.program.size() &&
-        answers_alike(filter.program, *compact, probe_calls(resolved, conditional))) {
-        filter.program = std::move(*compact);
-    }
+    if (!compact || compact->size() >= filter.program.size()) return filter;
+    std::optional<std::vector<SyscallCall>> probes = every_number_calls(filter.program, *compact);
+    if (!probes) return filter;
+    const std::vector<SyscallCall> more = probe_calls(resolved, conditional);
+    probes->insert(probes->end(), more.begin(), more.end());
+    if (answers_alike(filter.program, *compact, *probes)) filter.program = std::move(*compact);
     return filter;
 }
 

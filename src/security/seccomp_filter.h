@@ -42,9 +42,9 @@ SeccompFilter compile_seccomp_filter(const SeccompProfile& profile, const Seccom
 // call numbers instead of libseccomp's comparison per call; about half the instructions for
 // sqbox's own profiles, so the kernel has half as much to compile whenever a sandbox installs it.
 // Used only if it gives the same answer as compile_seccomp_filter's program to every call number
-// of several architectures, and to the argument values the rules compare with (milliseconds of
-// checking, hence done when sqbox is built, for the built-in profiles); otherwise that program is
-// returned unchanged.
+// of every architecture (whatever the arguments, where libseccomp's program does not read them),
+// and to the argument values the rules compare with; a few milliseconds of checking, hence done
+// when sqbox is built, for the built-in profiles. Otherwise that program is returned unchanged.
 SeccompFilter compile_compact_seccomp_filter(const SeccompProfile& profile,
                                              const SeccompTarget& target);
 
