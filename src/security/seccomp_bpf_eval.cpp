@@ -4,6 +4,8 @@
 
 #include <cstddef>
 #include <cstring>
+#include <limits>
+#include <vector>
 
 #include "util/errors.h"
 
@@ -184,6 +186,83 @@ std::optional<uint32_t> constant_seccomp_answer(std::span<const sock_filter> pro
         ++pc;
     }
     return std::nullopt;
+}
+
+std::optional<std::set<uint32_t>> word_boundaries(std::span<const sock_filter> program,
+                                                  uint32_t offset) {
+    // Whether A and X may hold the word, per instruction, over every path that reaches it
+    // (classic BPF jumps only forward, so one pass in order sees every path).
+    struct Holds {
+        bool reached = false;
+        bool a = false;
+        bool x = false;
+    };
+    std::vector<Holds> state(program.size());
+    auto flow_to = [&](size_t target, bool a, bool x) {
+        if (target >= program.size()) throw Error("seccomp program jumps past its end");
+        state[target].reached = true;
+        state[target].a = state[target].a || a;
+        state[target].x = state[target].x || x;
+    };
+    std::set<uint32_t> boundaries = {0};
+    if (!program.empty()) state[0].reached = true;
+    for (size_t pc = 0; pc < program.size(); ++pc) {
+        if (!state[pc].reached) continue;
+        const sock_filter& insn = program[pc];
+        bool a = state[pc].a;
+        bool x = state[pc].x;
+        switch (BPF_CLASS(insn.code)) {
+            case BPF_LD:
+                if (BPF_MODE(insn.code) == BPF_ABS && BPF_SIZE(insn.code) != BPF_W) {
+                    return std::nullopt;  // part of a word: not followed
+                }
+                a = BPF_MODE(insn.code) == BPF_ABS && insn.k == offset;
+                break;
+            case BPF_LDX:
+                x = false;
+                break;
+            case BPF_ST:
+            case BPF_STX:
+                // Scratch memory is not followed: the word must not go there.
+                if (BPF_CLASS(insn.code) == BPF_ST ? a : x) return std::nullopt;
+                break;
+            case BPF_ALU:
+                if (a || (BPF_SRC(insn.code) == BPF_X && x)) return std::nullopt;
+                break;
+            case BPF_JMP: {
+                if (BPF_OP(insn.code) == BPF_JA) {
+                    flow_to(pc + 1 + insn.k, a, x);
+                    continue;
+                }
+                if (BPF_SRC(insn.code) == BPF_X && (a || x)) return std::nullopt;
+                if (a) {
+                    if (BPF_OP(insn.code) == BPF_JSET) return std::nullopt;
+                    boundaries.insert(insn.k);
+                    if (insn.k != std::numeric_limits<uint32_t>::max()) {
+                        boundaries.insert(insn.k + 1);
+                    }
+                }
+                flow_to(pc + 1 + insn.jt, a, x);
+                flow_to(pc + 1 + insn.jf, a, x);
+                continue;
+            }
+            case BPF_RET:
+                if (BPF_RVAL(insn.code) == BPF_A && a) return std::nullopt;
+                continue;
+            case BPF_MISC:
+                if (BPF_MISCOP(insn.code) == BPF_TAX) {
+                    x = a;
+                } else {
+                    a = x;
+                }
+                break;
+            default:
+                return std::nullopt;
+        }
+        if (pc + 1 == program.size()) throw Error("seccomp program ends without an answer");
+        flow_to(pc + 1, a, x);
+    }
+    return boundaries;
 }
 
 }  // namespace sqbox

@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <span>
 
 namespace sqbox {
@@ -30,5 +31,15 @@ uint32_t evaluate_seccomp(std::span<const sock_filter> program, const SyscallCal
 // uses an instruction its emulator does not know).
 std::optional<uint32_t> constant_seccomp_answer(std::span<const sock_filter> program, int nr,
                                                 uint32_t arch);
+
+// The values of the 32-bit word at `offset` in seccomp_data (the call number, the architecture)
+// at which `program`'s answer can change while the rest of seccomp_data stays as it is: 0, and
+// each value the program compares the word with and the one after it. Between two consecutive
+// ones every comparison of the word comes out alike, so the program takes the same path: running
+// it at each of them covers all 2^32 values. nullopt where that does not hold: the program does
+// anything with the word but compare it with a constant (arithmetic, a bit test, a comparison with
+// X, storing it, returning it).
+std::optional<std::set<uint32_t>> word_boundaries(std::span<const sock_filter> program,
+                                                  uint32_t offset);
 
 }  // namespace sqbox

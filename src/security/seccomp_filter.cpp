@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -18,7 +19,6 @@
 #include <optional>
 #include <set>
 
-#include "security/seccomp_argument_checks.h"
 #include "security/seccomp_bpf_eval.h"
 #include "security/seccomp_range_dispatch.h"
 #include "util/files.h"
@@ -240,7 +240,9 @@ unsigned filter_flags(const SeccompProfile& profile) {
 
 // The calls on which `compact` must answer as `reference` does: every number up to 1023 and the
 // same with the x32 bit, a few extremes, from several architectures; for the calls whose
-// arguments are checked, also arguments at, around and between the rules' values.
+// arguments are checked (answered by libseccomp's own code in both programs), arguments at and
+// around the rules' values and mixes of them, which lead both into that code and, with no rule
+// holding, out of it to `compact`'s search.
 std::vector<SyscallCall> probe_calls(const std::vector<ResolvedName>& resolved,
                                      const std::set<int>& conditional) {
     std::vector<SyscallCall> calls;
@@ -259,30 +261,15 @@ std::vector<SyscallCall> probe_calls(const std::vector<ResolvedName>& resolved,
     }
     // Per argument, the values the rules compare it with and their neighbours.
     std::map<int, std::array<std::vector<uint64_t>, 6>> interesting;
-    // Per call, its equality and mask tests: (argument, mask, masked value).
-    std::map<int, std::vector<std::array<uint64_t, 3>>> bit_tests;
     for (const ResolvedName& entry : resolved) {
         if (conditional.count(entry.number) == 0) continue;
         auto& values = interesting[entry.number];
         for (const auto& arg : entry.rule->args) {
-            if (arg.op == SCMP_CMP_EQ) {
-                bit_tests[entry.number].push_back({arg.index, ~uint64_t{0}, arg.value});
-            } else if (arg.op == SCMP_CMP_MASKED_EQ) {
-                bit_tests[entry.number].push_back(
-                    {arg.index, arg.value, arg.value_two & arg.value});
-            }
             for (uint64_t v : {arg.value, arg.value_two}) {
                 for (uint64_t near : {v, v - 1, v + 1, ~v, v | (uint64_t{1} << 32), v & 0xffffffffU,
                                       v ^ arg.value_two, v & arg.value_two}) {
                     values[arg.index].push_back(near);
                 }
-            }
-            // The last value a mask lets through and the first after it, in the low word and
-            // in all 64 bits (where MASKED_EQ is a range of values).
-            const uint64_t last = arg.value_two | ~arg.value;
-            for (uint64_t end : {last, last & 0xffffffffU}) {
-                values[arg.index].push_back(end);
-                values[arg.index].push_back(end + 1);
             }
         }
     }
@@ -313,28 +300,39 @@ std::vector<SyscallCall> probe_calls(const std::vector<ResolvedName>& resolved,
             }
             calls.push_back(call);
         }
-        // Calls that pass two tests at once, where rules overlap away from every value above
-        // (masks of different bits): random bits, then each test's masked value over its mask.
-        const auto& tests = bit_tests[nr];
-        for (size_t a = 0; a < tests.size() && a < 200; ++a) {
-            for (size_t b = a + 1; b < tests.size() && b < 200; ++b) {
-                for (int i = 0; i < 4; ++i) {
-                    SyscallCall call{nr, ::seccomp_arch_native(), {}};
-                    for (uint64_t& arg : call.args) arg = i == 0 ? 0 : next_random();
-                    for (const auto& [index, mask, want] : {tests[a], tests[b]}) {
-                        uint64_t& arg = call.args[index];
-                        arg = (arg & ~mask) | want;
-                    }
-                    calls.push_back(call);
-                }
-            }
-        }
     }
     return calls;
 }
 
-// Whether `compact` answers every probe as `reference` does, and the kernel can still answer
-// without running it every call `reference` lets it (its action cache).
+// Every call number and architecture, arguments 0, in one call per stretch of numbers and of
+// architectures over which neither program can change its answer (seccomp_bpf_eval.h's
+// word_boundaries): a few thousand calls that stand for all 2^64. nullopt if a program does more
+// with the number or the architecture than compare them.
+std::optional<std::vector<SyscallCall>> every_number_calls(
+    const std::vector<sock_filter>& reference, const std::vector<sock_filter>& compact) {
+    std::set<uint32_t> numbers;
+    std::set<uint32_t> archs;
+    for (const std::vector<sock_filter>* program : {&reference, &compact}) {
+        const auto program_numbers = word_boundaries(*program, offsetof(seccomp_data, nr));
+        const auto program_archs = word_boundaries(*program, offsetof(seccomp_data, arch));
+        if (!program_numbers || !program_archs) return std::nullopt;
+        numbers.insert(program_numbers->begin(), program_numbers->end());
+        archs.insert(program_archs->begin(), program_archs->end());
+    }
+    std::vector<SyscallCall> calls;
+    calls.reserve(numbers.size() * archs.size());
+    for (uint32_t arch : archs) {
+        for (uint32_t nr : numbers) calls.push_back({static_cast<int>(nr), arch, {}});
+    }
+    return calls;
+}
+
+// Whether `compact` answers every probe as `reference` does, and every call `reference` answers
+// from its number and architecture alone (which the kernel's action cache can answer without
+// running it, when that answer is to allow) `compact` answers so too. With every_number_calls
+// among the probes, this holds for every call number and architecture: whatever the arguments
+// where `reference` does not read them, with arguments 0 where it does (there both run
+// libseccomp's code for the call's rules).
 bool answers_alike(const std::vector<sock_filter>& reference,
                    const std::vector<sock_filter>& compact,
                    const std::vector<SyscallCall>& probes) {
@@ -343,11 +341,10 @@ bool answers_alike(const std::vector<sock_filter>& reference,
             if (evaluate_seccomp(reference, call) != evaluate_seccomp(compact, call)) return false;
             const bool args_zero = std::all_of(call.args.begin(), call.args.end(),
                                                [](uint64_t arg) { return arg == 0; });
-            if (args_zero &&
-                constant_seccomp_answer(reference, call.nr, call.arch) ==
-                    std::optional<uint32_t>(SECCOMP_RET_ALLOW) &&
-                constant_seccomp_answer(compact, call.nr, call.arch) !=
-                    std::optional<uint32_t>(SECCOMP_RET_ALLOW)) {
+            if (!args_zero) continue;
+            const std::optional<uint32_t> fixed =
+                constant_seccomp_answer(reference, call.nr, call.arch);
+            if (fixed && constant_seccomp_answer(compact, call.nr, call.arch) != fixed) {
                 return false;
             }
         }
@@ -355,32 +352,6 @@ bool answers_alike(const std::vector<sock_filter>& reference,
         return false;
     }
     return true;
-}
-
-// The conditional calls whose rules seccomp_argument_checks.h can answer, each rule a single
-// condition, in the profile's order; rules with the default action are left out, as libseccomp
-// leaves them out.
-std::vector<CheckedCall> argument_checked_calls(const std::vector<ResolvedName>& resolved,
-                                                const std::set<int>& conditional,
-                                                uint32_t default_action) {
-    std::vector<CheckedCall> calls;
-    for (int nr : conditional) {
-        CheckedCall call;
-        call.number = static_cast<uint32_t>(nr);
-        bool single_conditions = true;
-        for (const ResolvedName& entry : resolved) {
-            const uint32_t action = entry.rule->action.libseccomp_action;
-            if (entry.number != nr || action == default_action) continue;
-            for (const auto& conditions : condition_sets(*entry.rule)) {
-                if (conditions.size() != 1) single_conditions = false;
-                if (!conditions.empty()) call.rules.push_back({action, conditions.front()});
-            }
-        }
-        if (single_conditions && argument_check_code(call, default_action)) {
-            calls.push_back(std::move(call));
-        }
-    }
-    return calls;
 }
 
 // libseccomp's filter of every rule in `resolved`.
@@ -419,51 +390,34 @@ SeccompFilter compile_compact_seccomp_filter(const SeccompProfile& profile,
             conditional.insert(entry.number);
         }
     }
-    // What the conditional part answers where it has no rule: a value no rule uses.
+    // What libseccomp's part answers where it has no rule: a value no rule uses.
     uint32_t sentinel = SCMP_ACT_TRACE(0x5b0c);
     while (actions.count(sentinel) != 0) ++sentinel;
 
-    const std::vector<SyscallCall> probes = probe_calls(resolved, conditional);
-    // The calls without conditions: their answer does not depend on the arguments.
-    std::map<uint32_t, uint32_t> plain_answers;
+    // libseccomp's own program for the calls with argument rules (every rule of theirs, so their
+    // answers are libseccomp's), with the architecture checks in front; what it leaves to
+    // `sentinel` goes on to the search over the other calls' numbers.
+    const BuiltContext part = build_context(profile, resolved, sentinel,
+                                            [&](int nr) { return conditional.count(nr) != 0; });
+    if (!part.single_architecture) return filter;  // numbers differ between architectures
+
+    RangeDispatchParts parts;
+    parts.sentinel = sentinel;
+    parts.default_answer = default_action;
+    parts.conditional = export_program(part.context.get());
+    // The calls without argument rules: their answer does not depend on the arguments.
     for (const ResolvedName& entry : resolved) {
         if (conditional.count(entry.number) != 0 || entry.number < 0) continue;
-        plain_answers[static_cast<uint32_t>(entry.number)] = evaluate_seccomp(
+        parts.plain_answers[static_cast<uint32_t>(entry.number)] = evaluate_seccomp(
             filter.program, SyscallCall{entry.number, ::seccomp_arch_native(), {}});
     }
-    // The program with the calls in `by_us` answered by seccomp_argument_checks.h's code, the
-    // other conditional calls by libseccomp's; if it answers as libseccomp's.
-    auto compact_with =
-        [&](const std::vector<CheckedCall>& by_us) -> std::optional<std::vector<sock_filter>> {
-        std::set<int> by_libseccomp = conditional;
-        for (const CheckedCall& call : by_us) by_libseccomp.erase(static_cast<int>(call.number));
-        const BuiltContext part = build_context(
-            profile, resolved, sentinel, [&](int nr) { return by_libseccomp.count(nr) != 0; });
-        if (!part.single_architecture) return std::nullopt;  // numbers differ between them
-
-        RangeDispatchParts parts;
-        parts.sentinel = sentinel;
-        parts.default_answer = default_action;
-        parts.conditional = export_program(part.context.get());
-        if (!by_us.empty()) {
-            const auto checks = argument_check_dispatch(by_us, default_action, sentinel);
-            if (!checks || !continue_at_sentinel(parts.conditional, sentinel)) return std::nullopt;
-            parts.conditional.insert(parts.conditional.end(), checks->begin(), checks->end());
-        }
-        parts.plain_answers = plain_answers;
-        std::optional<std::vector<sock_filter>> compact = build_range_dispatch(parts);
-        if (!compact || compact->size() >= filter.program.size() ||
-            !answers_alike(filter.program, *compact, probes)) {
-            return std::nullopt;
-        }
-        return compact;
-    };
-    const std::vector<CheckedCall> checked =
-        argument_checked_calls(resolved, conditional, default_action);
-    std::optional<std::vector<sock_filter>> compact;
-    if (!checked.empty()) compact = compact_with(checked);
-    if (!compact) compact = compact_with({});
-    if (compact) filter.program = std::move(*compact);
+    std::optional<std::vector<sock_filter>> compact = build_range_dispatch(parts);
+    if (!compact || compact->size() >= filter.program.size()) return filter;
+    std::optional<std::vector<SyscallCall>> probes = every_number_calls(filter.program, *compact);
+    if (!probes) return filter;
+    const std::vector<SyscallCall> more = probe_calls(resolved, conditional);
+    probes->insert(probes->end(), more.begin(), more.end());
+    if (answers_alike(filter.program, *compact, *probes)) filter.program = std::move(*compact);
     return filter;
 }
 

@@ -4,7 +4,9 @@
 #include <linux/seccomp.h>
 
 #include <cstdint>
+#include <iterator>
 #include <limits>
+#include <set>
 
 #include "security/seccomp_bpf_eval.h"
 #include "security/seccomp_range_dispatch.h"
@@ -110,6 +112,67 @@ TEST(SeccompBpfEval, RefusesProgramsTheKernelWouldNotRun) {
     // The last word of seccomp_data is still readable.
     EXPECT_EQ(answer({BPF_STMT(BPF_LD | BPF_W | BPF_ABS, 60), BPF_STMT(BPF_RET | BPF_A, 0)}, 0),
               0U);
+}
+
+// Between two consecutive boundaries the answer cannot change: the answer at the boundary at or
+// below a number is the number's answer, for every number tried (the range search over runs, in
+// front of it libseccomp-like code that tests an argument of one call).
+TEST(SeccompBpfEval, WordBoundariesSplitTheNumbersWhereTheAnswerCannotChange) {
+    RangeDispatchParts parts;
+    parts.conditional = conditional_part();
+    parts.sentinel = kSentinel;
+    parts.default_answer = kUnknown;
+    parts.plain_answers = {{0, kAllow}, {1, kAllow}, {2, kRefuse}, {7, kAllow}, {400, kAllow}};
+    const auto program = build_range_dispatch(parts);
+    ASSERT_TRUE(program.has_value());
+    for (uint64_t arg0 : {uint64_t{0}, uint64_t{1}}) {
+        const auto boundaries = word_boundaries(*program, offsetof(seccomp_data, nr));
+        ASSERT_TRUE(boundaries.has_value());
+        EXPECT_EQ(boundaries->count(0), 1u);
+        EXPECT_EQ(boundaries->count(kConditionalCall + 1), 1u);
+        for (uint32_t nr : {0U, 1U, 2U, 3U, 6U, 7U, 8U, 98U, 99U, 100U, 399U, 400U, 401U, 5000U,
+                            0x40000000U, 0xffffffffU}) {
+            const uint32_t start = *std::prev(boundaries->upper_bound(nr));
+            EXPECT_EQ(answer(*program, nr, arg0), answer(*program, start, arg0))
+                << "call " << nr << " boundary " << start;
+        }
+    }
+    // The architecture is never compared: one stretch.
+    EXPECT_EQ(word_boundaries(*program, offsetof(seccomp_data, arch)), std::set<uint32_t>{0});
+}
+
+// Anything done with the word but comparing it with a constant makes the answer change elsewhere
+// than at the compared values: refused. The same done with another word is not the word's business.
+TEST(SeccompBpfEval, WordBoundariesRefuseWhatIsNotAComparisonWithAConstant) {
+    const sock_filter load_nr = BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr));
+    const sock_filter load_arg =
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, args[0]));
+    const sock_filter ret = BPF_STMT(BPF_RET | BPF_K, kAllow);
+    const std::vector<std::vector<sock_filter>> refused = {
+        {load_nr, BPF_STMT(BPF_ALU | BPF_AND | BPF_K, 0xff), BPF_JUMP(BPF_JMP | BPF_JEQ, 1, 0, 0),
+         ret},
+        {load_nr, BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, 1, 0, 0), ret},
+        {load_nr, BPF_STMT(BPF_RET | BPF_A, 0)},
+        {load_nr, BPF_STMT(BPF_ST, 0), ret},
+        {load_nr, BPF_STMT(BPF_MISC | BPF_TAX, 0), BPF_STMT(BPF_LD | BPF_IMM, 5),
+         BPF_JUMP(BPF_JMP | BPF_JGT | BPF_X, 0, 0, 0), ret},
+        {BPF_STMT(BPF_LD | BPF_H | BPF_ABS, offsetof(seccomp_data, nr)), ret},
+        // Holding the number on one path is enough.
+        {load_arg, BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 1, 0, 1), load_nr,
+         BPF_STMT(BPF_ALU | BPF_ADD | BPF_K, 1), ret},
+    };
+    for (size_t i = 0; i < refused.size(); ++i) {
+        EXPECT_EQ(word_boundaries(refused[i], offsetof(seccomp_data, nr)), std::nullopt)
+            << "program " << i;
+    }
+    const std::vector<sock_filter> with_argument = {load_arg,
+                                                    BPF_STMT(BPF_ALU | BPF_AND | BPF_K, 0xff),
+                                                    BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, 1, 0, 1),
+                                                    load_nr,
+                                                    BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 10, 0, 0),
+                                                    ret};
+    EXPECT_EQ(word_boundaries(with_argument, offsetof(seccomp_data, nr)),
+              (std::set<uint32_t>{0, 10, 11}));
 }
 
 }  // namespace
