@@ -16,7 +16,7 @@ struct AppliedLimit {
 };
 
 struct RunResult {
-    int exit_status = 0;                   // what the sqbox process exits with (see README.md)
+    int exit_status = 0;                   // what the sqbox process exits with (see docs/run.md)
     std::optional<int> payload_exit_code;  // set when the payload exited normally
     std::optional<int> signal;             // set when the payload was killed by a signal
     bool timed_out = false;

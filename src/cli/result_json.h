@@ -8,7 +8,7 @@
 
 namespace sqbox::cli {
 
-// Renders `result` as one JSON object (see README.md for the fields).
+// Renders `result` as one JSON object (docs/run.md documents the fields).
 std::string result_to_json(const RunResult& result);
 
 // A result file opened up front (so a bad path fails before the sandbox runs) and written once.

@@ -9,7 +9,7 @@ class App;
 
 namespace sqbox::cli {
 
-// Exit statuses of `sqbox seccomp check` (documented in README.md).
+// Exit statuses of `sqbox seccomp check` (documented in docs/run.md).
 inline constexpr int kCheckValid = 0;
 inline constexpr int kCheckInvalid = 1;
 inline constexpr int kCheckUnknownNames = 2;

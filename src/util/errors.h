@@ -7,7 +7,7 @@
 
 namespace sqbox {
 
-// Exit statuses of the sqbox binary besides the payload's own (documented in README.md).
+// Exit statuses of the sqbox binary besides the payload's own (documented in docs/run.md).
 inline constexpr int kExitTimeout = 124;
 inline constexpr int kExitSqboxFailure = 125;
 inline constexpr int kExitNotExecutable = 126;
