@@ -52,7 +52,7 @@ void die_with_supervisor(int lifeline_fd) {
 void enter_sandbox_cgroup(int channel, ResourceLimits& rlimits) {
     std::optional<FdMessage> message = receive_fd_message(channel);
     if (!message) throw Error("sqbox's launcher went away");
-    if (message->tag == 'e') throw Error(message->text);
+    if (message->tag == MessageTag::kFailed) throw Error(message->text);
     drop_limits_held_by_cgroup(message->text, rlimits);
     for (const UniqueFd& fd : message->fds) {
         if (!write_all(fd.get(), "0", 1)) {
@@ -133,12 +133,19 @@ StageReport supervise_payload(pid_t payload) {
 }  // namespace
 
 // Forks the payload once the root is complete.
+void keep_only_init_descriptors(const InitContext& context) {
+    const SandboxPlan& plan = *context.plan;
+    close_fds_except({context.report_fd, context.lifeline_fd, context.image_ready_fd,
+                      plan.channel_fd, plan.diagnostics_fd, plan.stdio_fds[0], plan.stdio_fds[1],
+                      plan.stdio_fds[2]});
+}
+
 PayloadProcess start_payload(const SandboxPlan& plan, int terminal_fd) {
     Pipe exec_status = make_pipe("exec status");
     const pid_t pid = ::fork();
     if (pid < 0) throw system_error("cannot start the payload");
     if (pid == 0) {
-        exec_status.read_end.reset();
+        close_fds_except({exec_status.write_end.get(), terminal_fd, plan.diagnostics_fd});
         run_payload({&plan, exec_status.write_end.get(), -1, terminal_fd});
     }
     return {pid, std::move(exec_status.read_end), UniqueFd()};
@@ -146,7 +153,7 @@ PayloadProcess start_payload(const SandboxPlan& plan, int terminal_fd) {
 
 // Forks the payload before init builds the root. It keeps nothing of init's: not its report,
 // lifeline or channel.
-PayloadProcess start_payload_early(const SandboxPlan& plan, const InitContext& context) {
+PayloadProcess start_payload_early(const SandboxPlan& plan) {
     // Init stands at the host's directory it was started in; so would the payload, and
     // pivot_root carries along only what stands at the old root.
     if (::chdir("/") != 0) throw system_error("chdir /");
@@ -160,11 +167,7 @@ PayloadProcess start_payload_early(const SandboxPlan& plan, const InitContext& c
     const pid_t pid = ::fork();
     if (pid < 0) throw system_error("cannot start the payload");
     if (pid == 0) {
-        exec_status.read_end.reset();
-        ready_init.reset();
-        for (int fd : {context.report_fd, context.lifeline_fd, plan.channel_fd}) {
-            if (fd >= 0) (void)::close(fd);
-        }
+        close_fds_except({exec_status.write_end.get(), ready_payload.get(), plan.diagnostics_fd});
         run_payload({&plan, exec_status.write_end.get(), ready_payload.get(), -1});
     }
     return {pid, std::move(exec_status.read_end), std::move(ready_init)};
@@ -200,7 +203,7 @@ void adopt_request_stdio(const InitContext& context) {
 
 void await_request(int channel, SandboxConfig& config, SandboxPlan& plan) {
     std::optional<FdMessage> message = receive_fd_message(channel);
-    if (!message || message->tag != 'g' || message->fds.size() != 3) ::_exit(0);
+    if (!message || message->tag != MessageTag::kGo || message->fds.size() != 3) ::_exit(0);
     for (int fd = 0; fd < 3; ++fd) {
         if (::dup2(message->fds[static_cast<size_t>(fd)].get(), fd) < 0) {
             throw system_error("cannot set up the sandbox's stdio");
@@ -242,7 +245,7 @@ SandboxPty open_terminal_if_asked(const SandboxConfig& config, int channel) {
     SandboxPty terminal;
     if (!config.tty) return terminal;
     terminal = open_sandbox_pty();
-    send_fd_message(channel, 't', {}, {terminal.master.get()},
+    send_fd_message(channel, MessageTag::kTerminal, {}, {terminal.master.get()},
                     "--tty: cannot pass the terminal to sqbox");
     terminal.master.reset();
     return terminal;

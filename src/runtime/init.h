@@ -36,6 +36,10 @@ struct InitContext {
 // runs with the same uid and must not open /proc/1/{exe,mem,fd,...}.
 void die_with_supervisor(int lifeline_fd);
 
+// Closes every descriptor init inherited but its own: its channels, the plan's stdio and
+// diagnostics, 0-2.
+void keep_only_init_descriptors(const InitContext& context);
+
 // sqbox serve: init is in a user namespace of its own (SandboxPlan::own_user_namespace) and maps
 // these ids to themselves.
 void enter_own_user_namespace(const std::pair<uid_t, gid_t>& ids);
@@ -71,7 +75,7 @@ struct PayloadProcess {
 };
 
 // Forks the payload before init builds the root; it runs run_payload's early steps meanwhile.
-PayloadProcess start_payload_early(const SandboxPlan& plan, const InitContext& context);
+PayloadProcess start_payload_early(const SandboxPlan& plan);
 
 // The hostname, then the complete root (rootfs.h), then pivot_root into it.
 void prepare_sandbox(const SandboxConfig& config);

@@ -126,7 +126,7 @@ SandboxPlan plan_run(const SandboxConfig& config, const SandboxCgroup* cgroup) {
 void hand_over_cgroup(const SandboxConfig& config, std::optional<SandboxCgroup>& cgroup,
                       int channel) {
     std::vector<int> join_fds;
-    char tag = 'c';
+    MessageTag tag = MessageTag::kCgroup;
     std::string text;
     try {
         if (!cgroup_decided_first(config)) cgroup = SandboxCgroup::plan(config);
@@ -136,7 +136,7 @@ void hand_over_cgroup(const SandboxConfig& config, std::optional<SandboxCgroup>&
             text = cgroup_held_limits(*cgroup);
         }
     } catch (const Error& e) {
-        tag = 'e';
+        tag = MessageTag::kFailed;
         text = e.what();
         join_fds.clear();
     }

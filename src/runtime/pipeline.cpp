@@ -173,11 +173,10 @@ void run_init(const InitContext& context) {
     const SandboxPlan& plan = *context.plan;
     const SandboxConfig& config = *plan.config;
     try {
-        // 1. Tied to the supervisor, not dumpable; the host's descriptors the plan carries for
-        //    other processes closed.
+        // 1. Tied to the supervisor, not dumpable, holding only its own descriptors (none of the
+        //    host's the supervisor holds: the image, the report, the unpacked files).
         die_with_supervisor(context.lifeline_fd);
-        close_owned_fd(plan.learn_fd);
-        close_owned_fd(plan.hot_files_fd);
+        keep_only_init_descriptors(context);
         // 2. Namespaces of its own: a user namespace (sqbox serve), the network (loopback only).
         if (plan.own_user_namespace) enter_own_user_namespace(*plan.own_user_namespace);
         enter_loopback_only_network();
@@ -202,7 +201,7 @@ void run_init(const InitContext& context) {
         // 6. The payload, started early where it may: its own set-up (run_payload's steps before
         //    the root is ready) overlaps with building the root.
         std::optional<PayloadProcess> early;
-        if (starts_payload_early(plan)) early = start_payload_early(live_plan, context);
+        if (starts_payload_early(plan)) early = start_payload_early(live_plan);
         // 7. The hostname, the root (overlay, /proc, /dev, /tmp, /etc, mounts), pivot_root.
         try {
             prepare_sandbox(config);

@@ -73,7 +73,7 @@ void StdioRelay::close_child_ends() {
 void StdioRelay::attach_terminal() {
     std::optional<FdMessage> message = receive_fd_message(channel_);
     channel_ = -1;
-    if (!message || message->tag != 't' || message->fds.size() != 1) {
+    if (!message || message->tag != MessageTag::kTerminal || message->fds.size() != 1) {
         return;  // the sandbox ended before its terminal existed
     }
     master_ = std::move(message->fds.front());

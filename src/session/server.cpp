@@ -223,16 +223,17 @@ class Server {
         supervisor_end.reset();
         std::optional<FdMessage> ready = receive_fd_message(control_.get());
         if (!ready) throw Error("the sandbox supervisor died while mounting the image");
-        if (ready->tag == 'e') throw Error(json::parse(ready->text).at("error").get<std::string>());
+        if (ready->tag == MessageTag::kFailed)
+            throw Error(json::parse(ready->text).at("error").get<std::string>());
     }
 
-    void send_to_supervisor(char tag, const json& body, const std::vector<int>& fds) {
+    void send_to_supervisor(MessageTag tag, const json& body, const std::vector<int>& fds) {
         send_fd_message(control_.get(), tag, body.dump(), fds, "cannot reach the supervisor");
     }
 
     void signal_job(const Job& job, int signal) {
         if (job.started && !job.report) {
-            send_to_supervisor('k', {{"key", job.key}, {"signal", signal}}, {});
+            send_to_supervisor(MessageTag::kSignal, {{"key", job.key}, {"signal", signal}}, {});
         }
     }
 
@@ -618,7 +619,7 @@ class Server {
         try {
             Pipes pipes = make_stdio_pipes();
             send_to_supervisor(
-                'g', go,
+                MessageTag::kGo, go,
                 {pipes.in.read_end.get(), pipes.out.write_end.get(), pipes.err.write_end.get()});
             job.stdin_fd = std::move(pipes.in.write_end);
             job.out.fd = std::move(pipes.out.read_end);
@@ -664,7 +665,7 @@ class Server {
             std::vector<int> fds = {request.get()};
             if (job.pooled) {
                 fds.insert(fds.end(), join_fds.begin(), join_fds.end());
-                send_to_supervisor('s', {{"key", job.key}}, fds);
+                send_to_supervisor(MessageTag::kStart, {{"key", job.key}}, fds);
                 job.started = true;
                 return;
             }
@@ -672,7 +673,7 @@ class Server {
             fds.insert(fds.end(), {pipes.in.read_end.get(), pipes.out.write_end.get(),
                                    pipes.err.write_end.get()});
             fds.insert(fds.end(), join_fds.begin(), join_fds.end());
-            send_to_supervisor('s', {{"key", job.key}}, fds);
+            send_to_supervisor(MessageTag::kStart, {{"key", job.key}}, fds);
             job.started = true;
             job.stdin_fd = std::move(pipes.in.write_end);
             job.out.fd = std::move(pipes.out.read_end);
@@ -762,7 +763,7 @@ class Server {
             stopping_ = true;
             return;
         }
-        if (message->tag == 'e') {  // it failed and is exiting: say why, once
+        if (message->tag == MessageTag::kFailed) {  // it failed and is exiting: say why, once
             print_error("the sandbox supervisor failed: " +
                         json::parse(message->text).value("error", std::string()) + "; stopping");
             supervisor_failed_ = true;
@@ -770,7 +771,7 @@ class Server {
             stopping_ = true;
             return;
         }
-        if (message->tag != 'r') return;
+        if (message->tag != MessageTag::kReport) return;
         json report = json::parse(message->text);
         const auto key = report.at("key").get<uint64_t>();
         auto it = jobs_.find(key);

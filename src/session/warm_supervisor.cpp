@@ -147,31 +147,31 @@ class WarmSupervisor {
                 std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - sandbox.started)
                     .count();
         }
-        send_fd_message(context_.control_fd, 'r', report_to_json(key, report).dump(), {},
-                        "cannot report to the server");
+        send_fd_message(context_.control_fd, MessageTag::kReport,
+                        report_to_json(key, report).dump(), {}, "cannot report to the server");
     }
 
     void handle(FdMessage& message) {
         json body = json::parse(message.text);
         const auto key = body.at("key").get<uint64_t>();
-        if (message.tag == 'k') {
+        if (message.tag == MessageTag::kSignal) {
             auto it = sandboxes_.find(key);
             if (it != sandboxes_.end()) it->second.init.send(body.at("signal").get<int>());
             return;
         }
-        if (message.tag == 'g') {
+        if (message.tag == MessageTag::kGo) {
             go(key, body, message.fds);
             return;
         }
-        if (message.tag != 's') throw Error("unexpected message from the server");
+        if (message.tag != MessageTag::kStart) throw Error("unexpected message from the server");
         try {
             start(key, message.fds);
         } catch (const Error& e) {
             StageReport report;
             report.exit_status = kExitSqboxFailure;
             report.set_error(e.what());
-            send_fd_message(context_.control_fd, 'r', report_to_json(key, report).dump(), {},
-                            "cannot report to the server");
+            send_fd_message(context_.control_fd, MessageTag::kReport,
+                            report_to_json(key, report).dump(), {}, "cannot report to the server");
         }
     }
 
@@ -184,7 +184,7 @@ class WarmSupervisor {
         stdio.reserve(fds.size());
         for (const auto& fd : fds) stdio.push_back(fd.get());
         try {
-            send_fd_message(sandbox.channel.get(), 'g', body.dump(), stdio,
+            send_fd_message(sandbox.channel.get(), MessageTag::kGo, body.dump(), stdio,
                             "cannot hand the request to the sandbox");
         } catch (const Error&) {
             // init is gone; its report follows
@@ -239,7 +239,8 @@ class WarmSupervisor {
         std::vector<int> join_fds;
         for (size_t i = first_cgroup_fd; i < fds.size(); ++i) join_fds.push_back(fds[i].get());
         try {
-            send_fd_message(channel.get(), 'c', "", join_fds, "cannot hand the cgroup over");
+            send_fd_message(channel.get(), MessageTag::kCgroup, "", join_fds,
+                            "cannot hand the cgroup over");
         } catch (const Error&) {
             // init is already gone; its report says why
         }
@@ -273,12 +274,13 @@ void run_warm_supervisor(const WarmSupervisorContext& context) {
         if (::mkdir("/session", 0755) != 0) throw system_error("cannot create /session");
         write_file_at(AT_FDCWD, kDriverPathInScratch, context.driver_source, O_EXCL | O_NOFOLLOW,
                       0644);
-        send_fd_message(context.control_fd, 'w', "", {}, "cannot tell the server we are ready");
+        send_fd_message(context.control_fd, MessageTag::kReady, "", {},
+                        "cannot tell the server we are ready");
         WarmSupervisor(context, ids).serve(std::move(server));
     } catch (const Error& e) {
         try {
-            send_fd_message(context.control_fd, 'e', json{{"error", e.what()}}.dump(), {},
-                            "cannot report to the server");
+            send_fd_message(context.control_fd, MessageTag::kFailed,
+                            json{{"error", e.what()}}.dump(), {}, "cannot report to the server");
         } catch (const Error&) {
         }
         ::_exit(kExitSqboxFailure);

@@ -22,11 +22,11 @@ std::pair<UniqueFd, UniqueFd> make_message_channel(const std::string& purpose) {
     return {UniqueFd(pair[0]), UniqueFd(pair[1])};
 }
 
-void send_fd_message(int socket_fd, char tag, std::string_view text, const std::vector<int>& fds,
+void send_fd_message(int socket_fd, MessageTag tag, std::string_view text, const std::vector<int>& fds,
                      const std::string& what) {
     if (fds.size() > kMaxPassedFds) throw Error(what + ": too many descriptors");
     if (text.size() > kMaxText) throw Error(what + ": message too long");
-    std::string data(1, tag);
+    std::string data(1, static_cast<char>(tag));
     data.append(text);
     iovec vector{data.data(), data.size()};
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxPassedFds)] = {};
@@ -62,7 +62,7 @@ std::optional<FdMessage> receive_fd_message(int socket_fd) {
     } while (n < 0 && errno == EINTR);
     if (n <= 0) return std::nullopt;
     FdMessage received;
-    received.tag = data[0];
+    received.tag = static_cast<MessageTag>(data[0]);
     received.text.assign(data.data() + 1, static_cast<size_t>(n) - 1);
     for (cmsghdr* header = CMSG_FIRSTHDR(&message); header != nullptr;
          header = CMSG_NXTHDR(&message, header)) {

@@ -15,8 +15,22 @@ namespace sqbox {
 
 inline constexpr size_t kMaxPassedFds = 8;
 
+// What a message on one of sqbox's channels is: one list for every channel, so that a tag means
+// the same wherever it is read.
+enum class MessageTag : char {
+    kCgroup = 'c',    // launcher -> init (and the serve supervisor -> init): the cgroup's join
+                      // files, with the limits the cgroup holds as text
+    kFailed = 'e',    // the sender could not do its part; the text says why
+    kTerminal = 't',  // init -> launcher: --tty's master
+    kStart = 's',     // server -> serve supervisor: start a sandbox (its request, stdio, cgroup)
+    kGo = 'g',        // server -> serve supervisor -> pooled init: the request for a pooled sandbox
+    kSignal = 'k',    // server -> serve supervisor: signal a sandbox
+    kReady = 'w',     // serve supervisor -> server: the image is mounted
+    kReport = 'r',    // serve supervisor -> server: a sandbox has ended
+};
+
 struct FdMessage {
-    char tag = 0;  // what the message is, agreed by both sides
+    MessageTag tag{};  // checked by the receiver: any byte may arrive
     std::string text;
     std::vector<UniqueFd> fds;
 };
@@ -25,8 +39,8 @@ struct FdMessage {
 std::pair<UniqueFd, UniqueFd> make_message_channel(const std::string& purpose);
 
 // Sends one message; throws Error naming `what` on failure.
-void send_fd_message(int socket_fd, char tag, std::string_view text, const std::vector<int>& fds,
-                     const std::string& what);
+void send_fd_message(int socket_fd, MessageTag tag, std::string_view text,
+                     const std::vector<int>& fds, const std::string& what);
 
 // Receives one message (received descriptors are close-on-exec); nullopt when the peer has gone.
 std::optional<FdMessage> receive_fd_message(int socket_fd);
