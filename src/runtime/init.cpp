@@ -19,7 +19,6 @@
 #include "runtime/mounts.h"
 #include "runtime/network.h"
 #include "runtime/payload.h"
-#include "runtime/process.h"
 #include "runtime/rootfs.h"
 #include "runtime/signals.h"
 #include "runtime/stage_report.h"
@@ -28,6 +27,7 @@
 #include "util/errors.h"
 #include "util/fd_passing.h"
 #include "util/files.h"
+#include "util/process.h"
 
 namespace sqbox {
 namespace {
@@ -257,7 +257,7 @@ void run_init(const InitContext& context) {
         // The image server's record of a learning run is not the sandbox's business.
         if (plan.learn_fd >= 0) (void)::close(plan.learn_fd);
         // Nor is the host directory of the image's unpacked files (the supervisor binds it).
-        if (plan.hot_files_fd >= 0) (void)::close(plan.hot_files_fd);
+        if (plan.unpacked_files_fd >= 0) (void)::close(plan.unpacked_files_fd);
         if (plan.own_user_namespace) enter_own_user_namespace(*plan.own_user_namespace);
         enter_loopback_only_network();
         if (context.image_ready_fd >= 0) {

@@ -14,8 +14,6 @@
 
 #include "image/image_source.h"
 #include "runtime/cgroups.h"
-#include "runtime/image_warm_up_list.h"
-#include "runtime/process.h"
 #include "runtime/signals.h"
 #include "runtime/stage_report.h"
 #include "runtime/stdio_relay.h"
@@ -26,6 +24,8 @@
 #include "util/errors.h"
 #include "util/fd_passing.h"
 #include "util/files.h"
+#include "util/process.h"
+#include "warm_up/warm_up.h"
 
 namespace sqbox {
 namespace {
@@ -267,7 +267,10 @@ RunResult run_sandbox(const SandboxConfig& config) {
         std::optional<SandboxCgroup> cgroup;
         if (cgroup_decided_first(config)) cgroup = SandboxCgroup::plan(config);
         SandboxPlan plan = make_plan(config, cgroup ? &*cgroup : nullptr);
-        ImageWarmUpList warm_up_list(config, image, plan);
+        WarmUp warm_up(config, image);
+        plan.learn_fd = warm_up.learn_fd();
+        plan.unpacked_files_tree = warm_up.unpacked_files_tree();
+        plan.unpacked_files_fd = warm_up.unpacked_files_fd();
         Pipe report_pipe = make_pipe("supervisor report");
         auto [channel, init_channel] = make_message_channel("the sandbox's channel");
         plan.channel_fd = init_channel.get();
@@ -285,8 +288,7 @@ RunResult run_sandbox(const SandboxConfig& config) {
                 plan.diagnostics_fd = relay.install_in_child();
                 set_diagnostics_fd(plan.diagnostics_fd);
             }
-            run_supervisor(
-                {&plan, &image, report_pipe.write_end.get(), self, &warm_up_list.names()});
+            run_supervisor({&plan, &image, report_pipe.write_end.get(), self, &warm_up.names()});
         }
         ChildProcess supervisor(pid);
         report_pipe.write_end.reset();
@@ -308,7 +310,7 @@ RunResult run_sandbox(const SandboxConfig& config) {
         }
         const StageReport& report = *supervision.report;
         fill_result(report, result);
-        warm_up_list.save_learned();
+        warm_up.save_learned();
         result.stdout_truncated = relay.stdout_truncated();
         result.stderr_truncated = relay.stderr_truncated();
         result.limits = describe_limits(config.limits, cgroup ? &*cgroup : nullptr);

@@ -14,9 +14,8 @@
 #include <vector>
 
 #include "image/squashfs_server.h"
-#include "runtime/image_warm_up.h"
 #include "runtime/init.h"
-#include "runtime/process.h"
+#include "runtime/payload.h"
 #include "runtime/rootfs.h"
 #include "runtime/signals.h"
 #include "runtime/stage_report.h"
@@ -24,6 +23,8 @@
 #include "util/errors.h"
 #include "util/fd_passing.h"
 #include "util/files.h"
+#include "util/process.h"
+#include "warm_up/warm_up.h"
 
 namespace sqbox {
 namespace {
@@ -71,8 +72,9 @@ ChildProcess mount_image_and_serve(const ImageSource& image, const IdMapping& id
         for (int fd : close_in_server) {
             if (fd >= 0) (void)::close(fd);
         }
+        const std::unique_ptr<ImageAccessRecorder> recorder = make_learning_recorder(learn_fd);
         int status = serve_squashfs(image.squashfs.get(), fuse.get(),
-                                    {ids.inside_uid, ids.inside_gid, kImageDir, learn_fd});
+                                    {ids.inside_uid, ids.inside_gid, kImageDir, recorder.get()});
         ::_exit(status == 0 ? 0 : kExitSqboxFailure);
     }
     return ChildProcess(pid);  // `fuse` closes here: the server holds the connection now
@@ -88,7 +90,8 @@ void run_supervisor(const SupervisorContext& context) {
         // forwards them exactly once.
         if (::setpgid(0, 0) != 0) throw system_error("setpgid");
         std::vector<int> keep = {image.file.get(), context.report_fd};
-        for (int fd : {plan.diagnostics_fd, plan.channel_fd, plan.learn_fd, plan.hot_files_fd}) {
+        for (int fd :
+             {plan.diagnostics_fd, plan.channel_fd, plan.learn_fd, plan.unpacked_files_fd}) {
             if (fd >= 0) keep.push_back(fd);
         }
         close_fds_except(keep);
@@ -116,27 +119,28 @@ void run_supervisor(const SupervisorContext& context) {
         lifeline.read_end.reset();
         init_image_ready.reset();
 
-        ChildProcess server =
-            mount_image_and_serve(image, ids,
-                                  {context.report_fd, plan.channel_fd, init_report.read_end.get(),
-                                   lifeline.write_end.get(), image_ready.get(), plan.hot_files_fd},
-                                  plan.learn_fd);
+        ChildProcess server = mount_image_and_serve(
+            image, ids,
+            {context.report_fd, plan.channel_fd, init_report.read_end.get(),
+             lifeline.write_end.get(), image_ready.get(), plan.unpacked_files_fd},
+            plan.learn_fd);
         // The server has its own copy of the learning run's record file.
         if (plan.learn_fd >= 0) (void)::close(plan.learn_fd);
         // The unpacked files go above the image before init builds the sandbox's root on it
         // (it waits for image_ready), and the warm-up reads what the sandbox will read.
         std::string warm_up_root = kImageDir;
-        if (image.kind == ImageSource::Kind::kSquashfs && plan.hot_files_fd >= 0) {
-            warm_up_root = mount_hot_files(plan.hot_files_tree, plan.hot_files_fd, config.verbose);
+        if (image.kind == ImageSource::Kind::kSquashfs && plan.unpacked_files_fd >= 0) {
+            warm_up_root = mount_unpacked_files(plan.unpacked_files_tree, plan.unpacked_files_fd,
+                                                config.verbose);
         }
-        if (plan.hot_files_fd >= 0) (void)::close(plan.hot_files_fd);
+        if (plan.unpacked_files_fd >= 0) (void)::close(plan.unpacked_files_fd);
         // Last fork done: from here on this process may have a second thread.
-        ImageWarmUp warm_up =
+        LookAhead look_ahead =
             image.kind == ImageSource::Kind::kSquashfs
-                ? start_image_warm_up(warm_up_root, first_lookups(config),
-                                      context.warm_up_names != nullptr ? *context.warm_up_names
-                                                                       : std::vector<WarmUpName>{})
-                : ImageWarmUp();
+                ? start_look_ahead(warm_up_root, first_lookups(config, kDefaultPayloadPath),
+                                   context.warm_up_names != nullptr ? *context.warm_up_names
+                                                                    : std::vector<WarmUpName>{})
+                : LookAhead();
         if (::send(image_ready.get(), "1", 1, MSG_NOSIGNAL) != 1 && errno != EPIPE) {
             throw system_error("cannot tell init that the image is ready");
         }
@@ -196,7 +200,7 @@ void run_supervisor(const SupervisorContext& context) {
         // A learning run's record includes what the warm-up looked up (the directories on the way
         // to a listed name, say). Bounded, and not after a timeout: this process does not act on
         // signals meanwhile, and a wedged server would keep the warm-up waiting.
-        if (config.learn_warm_up && !timed_out) (void)warm_up.finish_within(kLearningWarmUpWait);
+        if (config.learn_warm_up && !timed_out) (void)look_ahead.finish_within(kLearningWarmUpWait);
         server.kill_and_reap();
         send_report(context.report_fd, report);
         ::_exit(0);

@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "image/image_source.h"
-#include "image/warm_up_list.h"
-#include "runtime/process.h"
 #include "runtime/sandbox_plan.h"
 #include "runtime/user_namespace.h"
+#include "util/process.h"
+#include "warm_up/warm_up.h"
 
 namespace sqbox {
 
