@@ -22,10 +22,10 @@
 #include "image/fstab.h"
 #include "image/fstab_mounts.h"
 #include "image/image_source.h"
-#include "image/warm_up_store.h"
 #include "sqbox/sandbox.h"
 #include "util/errors.h"
 #include "util/files.h"
+#include "warm_up/warm_up.h"
 
 extern char** environ;
 

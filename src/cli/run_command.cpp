@@ -8,11 +8,11 @@
 
 #include "cli/result_json.h"
 #include "image/environment_file.h"
-#include "image/warm_up_store.h"
 #include "runtime/rooted_path.h"
 #include "sqbox/sandbox.h"
 #include "util/errors.h"
 #include "util/sizes.h"
+#include "warm_up/warm_up.h"
 
 namespace sqbox::cli {
 namespace {

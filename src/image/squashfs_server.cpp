@@ -21,7 +21,6 @@
 #include "image/squashfs_extents.h"
 #include "image/squashfs_prefetch.h"
 #include "image/squashfuse_api.h"
-#include "image/warm_up_list.h"
 #include "util/files.h"
 
 namespace sqbox {
@@ -37,50 +36,19 @@ SquashfsPrefetcher* g_prefetcher = nullptr;
 // Paths of the inodes handed out, for the prefetcher and the learning recorder.
 ImageNames g_names;
 
-// A learning run (sqbox run --learn-warm-up) appends a record (image/warm_up_list.h) for each
-// name looked up, found or not, for the first read of each file and for the first listing of
-// each directory, to a memory file the launcher reads when the sandbox is gone. Records are
-// written as they happen, so a server killed at any point leaves whole records and at most one
-// cut short, which is dropped.
-class WarmUpRecorder {
-  public:
-    explicit WarmUpRecorder(int fd) : fd_(fd) {}
+// A learning run's recorder (null otherwise), told of each name looked up and of the first read
+// of each file and first listing of each directory: the inodes it was told of already.
+ImageAccessRecorder* g_recorder = nullptr;
+std::unordered_set<fuse_ino_t> g_recorded_inodes;
 
-    void looked_up(fuse_ino_t parent, const char* name) {
-        record({g_names.path_in(parent, name), WarmUpKind::kLookUp});
-    }
+void record_first_read(fuse_ino_t ino) {
+    if (g_recorded_inodes.insert(ino).second) g_recorder->first_read(g_names.path_of(ino));
+}
 
-    // A file read or a directory listed, for the first time.
-    void first_use(fuse_ino_t ino, WarmUpKind kind) {
-        if (used_inodes_.insert(ino).second) record({g_names.path_of(ino), kind});
-    }
+void record_first_listing(fuse_ino_t ino) {
+    if (g_recorded_inodes.insert(ino).second) g_recorder->first_listed(g_names.path_of(ino));
+}
 
-  private:
-    void record(const WarmUpName& name) {
-        // Paths a list would not keep are not written at all: a deep tree of long names could
-        // otherwise fill the memory file far beyond what a list holds.
-        if (name.path.empty() || name.path.size() > kMaxWarmUpPathBytes ||
-            records_ >= kMaxWarmUpRecords || bytes_ + name.path.size() > kMaxRecordBytes) {
-            return;
-        }
-        ++records_;
-        bytes_ += name.path.size();
-        const std::string bytes = encode_warm_up_record(name);
-        // A failed write (the memory file hit the caller's limits) ends the record: a later
-        // record after a lost one would be misread.
-        if (!write_all(fd_, bytes.data(), bytes.size())) records_ = kMaxWarmUpRecords;
-    }
-
-    // What one run records: a list keeps kMaxWarmUpNames names at most anyway.
-    static constexpr size_t kMaxWarmUpRecords = 4 * kMaxWarmUpNames;
-    static constexpr size_t kMaxRecordBytes = size_t{16} << 20;
-
-    int fd_;
-    size_t records_ = 0;
-    size_t bytes_ = 0;
-    std::unordered_set<fuse_ino_t> used_inodes_;  // read or listed already
-};
-std::optional<WarmUpRecorder> g_recorder;
 // The kernel takes spliced replies (decided in op_init).
 bool g_splice = false;
 
@@ -122,7 +90,7 @@ void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
         fuse_reply_err(req, EIO);
         return;
     }
-    if (g_recorder) g_recorder->looked_up(parent, name);
+    if (g_recorder != nullptr) g_recorder->looked_up(g_names.path_in(parent, name));
     if (!found) {
         // A negative entry (inode 0) with a timeout lets the kernel remember that the name does
         // not exist, instead of asking again on every lookup.
@@ -214,7 +182,7 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
         fuse_reply_buf(req, buffer.data(), static_cast<size_t>(length));
     }
     if (g_prefetcher != nullptr) g_prefetcher->file_read(ino, file_size, start + wanted);
-    if (g_recorder) g_recorder->first_use(ino, WarmUpKind::kRead);
+    if (g_recorder != nullptr) record_first_read(ino);
 }
 
 void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
@@ -252,7 +220,7 @@ void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
         return;
     }
     fuse_reply_buf(req, buffer.data(), used);
-    if (g_recorder && offset == 0) g_recorder->first_use(ino, WarmUpKind::kList);
+    if (g_recorder != nullptr && offset == 0) record_first_listing(ino);
 }
 
 // Symlinks never change either: let the kernel keep their targets in its page cache instead of
@@ -317,7 +285,7 @@ int run_request_loop(fuse_session* session, int fuse_fd) {
 
 int serve_squashfs(sqfs_ll* image, int fuse_fd, const SquashfsServerOptions& options) {
     g_options = options;
-    if (options.learn_fd >= 0) g_recorder.emplace(options.learn_fd);
+    g_recorder = options.recorder;
     // libsquashfuse allocates a block-sized buffer per cache miss; keep those on the heap instead
     // of a fresh mmap (and page faults) each time.
     (void)mallopt(M_MMAP_THRESHOLD, 8 * 1024 * 1024);

@@ -9,6 +9,18 @@ struct sqfs_ll;
 
 namespace sqbox {
 
+// What a learning run (sqbox run --learn-warm-up) is told of the image server's work, by absolute
+// path in the image ("" for an inode whose path is not known): every name looked up, found or
+// not, the first read of each file and the first listing of each directory. Called on the
+// serving thread, as the requests are answered.
+class ImageAccessRecorder {
+  public:
+    virtual ~ImageAccessRecorder() = default;
+    virtual void looked_up(const std::string& path) = 0;
+    virtual void first_read(const std::string& path) = 0;
+    virtual void first_listed(const std::string& path) = 0;
+};
+
 // Presents every file of the image as owned by `owner_uid`/`owner_gid` (ids in the user namespace
 // that mounted the FUSE connection). Like enroot's unpacked rootfs, the whole image then belongs
 // to the sandbox user, and overlayfs can copy files up without unmapped owners.
@@ -18,8 +30,8 @@ struct SquashfsServerOptions {
     // Where the image is mounted in the server's mount namespace; the prefetch thread opens files
     // there (none without it).
     std::string mount_point;
-    // A learning run's record file (image/warm_up_list.h); -1 when not learning.
-    int learn_fd = -1;
+    // A learning run's recorder; null when not learning.
+    ImageAccessRecorder* recorder = nullptr;
 };
 
 // Serves FUSE requests arriving on `fuse_fd` (an open /dev/fuse already mounted) from the image

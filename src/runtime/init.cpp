@@ -19,7 +19,6 @@
 #include "runtime/mounts.h"
 #include "runtime/network.h"
 #include "runtime/payload.h"
-#include "runtime/process.h"
 #include "runtime/rootfs.h"
 #include "runtime/signals.h"
 #include "runtime/stage_report.h"
@@ -28,6 +27,7 @@
 #include "util/errors.h"
 #include "util/fd_passing.h"
 #include "util/files.h"
+#include "util/process.h"
 
 namespace sqbox {
 namespace {

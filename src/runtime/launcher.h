@@ -8,12 +8,12 @@
 #include <string>
 
 #include "runtime/cgroups.h"
-#include "runtime/process.h"
 #include "runtime/sandbox_plan.h"
 #include "runtime/stage_report.h"
 #include "runtime/stdio_relay.h"
 #include "sqbox/config.h"
 #include "sqbox/result.h"
+#include "util/process.h"
 
 namespace sqbox {
 

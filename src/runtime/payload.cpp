@@ -13,11 +13,11 @@
 #include <optional>
 #include <vector>
 
-#include "runtime/capabilities.h"
 #include "runtime/enroot_entrypoint.h"
 #include "runtime/limits.h"
 #include "runtime/stage_report.h"
 #include "runtime/terminal.h"
+#include "security/capabilities.h"
 #include "security/landlock.h"
 #include "security/seccomp_filter.h"
 #include "util/errors.h"

@@ -21,29 +21,28 @@
 #include <chrono>
 
 #include "image/image_source.h"
-#include "runtime/capabilities.h"
 #include "runtime/cgroups.h"
 #include "runtime/enroot_entrypoint.h"
-#include "runtime/image_warm_up.h"
-#include "runtime/image_warm_up_list.h"
 #include "runtime/init.h"
 #include "runtime/launcher.h"
 #include "runtime/limits.h"
 #include "runtime/network.h"
 #include "runtime/payload.h"
-#include "runtime/process.h"
 #include "runtime/rootfs.h"
 #include "runtime/signals.h"
 #include "runtime/stage_report.h"
 #include "runtime/stdio_relay.h"
 #include "runtime/supervisor.h"
 #include "runtime/terminal.h"
+#include "security/capabilities.h"
 #include "security/landlock.h"
 #include "security/seccomp_filter.h"
 #include "sqbox/sandbox.h"
 #include "util/errors.h"
 #include "util/fd_passing.h"
 #include "util/files.h"
+#include "util/process.h"
+#include "warm_up/warm_up.h"
 
 namespace sqbox {
 
@@ -58,7 +57,10 @@ RunResult run_sandbox(const SandboxConfig& config) {
         std::optional<SandboxCgroup> cgroup = plan_cgroup_before_start(config);
         SandboxPlan plan = plan_run(config, cgroup ? &*cgroup : nullptr);
         // 3. The image's warm-up list and unpacked files (warm-up lists in docs/warm-up.md).
-        ImageWarmUpList warm_up_list(config, image, plan);
+        WarmUp warm_up(config, image);
+        plan.learn_fd = warm_up.learn_fd();
+        plan.unpacked_files_tree = warm_up.unpacked_files_tree();
+        plan.unpacked_files_fd = warm_up.unpacked_files_fd();
         // 4. The channels: the supervisor's report, and init's channel (cgroup, terminal).
         Pipe report = make_pipe("supervisor report");
         auto [channel, init_channel] = make_message_channel("the sandbox's channel");
@@ -80,8 +82,7 @@ RunResult run_sandbox(const SandboxConfig& config) {
                 plan.diagnostics_fd = relay.install_in_child();
                 set_diagnostics_fd(plan.diagnostics_fd);
             }
-            run_supervisor(
-                {&plan, &image, report.write_end.get(), launcher, &warm_up_list.names()});
+            run_supervisor({&plan, &image, report.write_end.get(), launcher, &warm_up.names()});
         }
         ChildProcess supervisor(pid);
         report.write_end.reset();
@@ -101,7 +102,7 @@ RunResult run_sandbox(const SandboxConfig& config) {
         // 9. The record; a learning run adds what the image server recorded to its list.
         RunResult result =
             result_of(supervision, relay, config, plan, cgroup ? &*cgroup : nullptr, oom_killed);
-        warm_up_list.save_learned();
+        warm_up.save_learned();
         return result;
     } catch (const Error& e) {
         print_error(e.what());
@@ -147,9 +148,10 @@ void run_supervisor(const SupervisorContext& context) {
         close_owned_fd(plan.learn_fd);  // the server has its own copy
         // 5. The unpacked files above the image, and the names every start needs looked up
         //    ahead (on a thread of its own: no fork follows).
-        const std::string warm_up_root = mount_unpacked_files(image, plan);
-        close_owned_fd(plan.hot_files_fd);
-        ImageWarmUp warm_up = start_warm_up(image, warm_up_root, config, context.warm_up_names);
+        const std::string warm_up_root = bind_unpacked_files(image, plan);
+        close_owned_fd(plan.unpacked_files_fd);
+        LookAhead look_ahead =
+            start_look_ahead_of(image, warm_up_root, config, context.warm_up_names);
         // 6. Init may take its copy of the mount namespace now.
         tell_init_image_ready(init_channels.image_ready);
 
@@ -158,7 +160,7 @@ void run_supervisor(const SupervisorContext& context) {
         // 8. The report, once init is gone; the mounts go with this process.
         StageReport report = final_report(init_channels.report.read_end.get(), end, started, config,
                                           context.report_fd);
-        if (config.learn_warm_up && !end.timed_out) finish_learning_warm_up(warm_up);
+        if (config.learn_warm_up && !end.timed_out) finish_learning_look_ahead(look_ahead);
         server.kill_and_reap();
         send_report(context.report_fd, report);
         ::_exit(0);

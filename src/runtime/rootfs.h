@@ -17,8 +17,10 @@ namespace sqbox {
 inline constexpr const char* kOldRootDir = "/oldroot";  // host root, inside the scratch root
 inline constexpr const char* kImageDir = "/image";      // the image, read-only
 inline constexpr const char* kSandboxDir = "/sandbox";  // per-sandbox tmpfs: upper layer, staging
-// The image's unpacked files (image/hot_files.h), when there are any: a layer above /image.
-inline constexpr const char* kHotFilesDir = "/hot";
+// The image's unpacked files (warm_up/unpacked_files.h), when there are any: a layer above /image.
+// Named as before the words settled ("hot files"): sandboxes see it in their mount table, as the
+// overlay's lowerdir.
+inline constexpr const char* kUnpackedFilesDir = "/hot";
 // The image as sandboxes see it (the unpacked files above /image), read-only: what the
 // supervisor's warm-up reads, so that it does not fetch through FUSE what the sandbox will read
 // from the unpacked files.
@@ -36,7 +38,7 @@ void mount_image(const ImageSource& image, int fuse_fd, const IdMapping& ids);
 // /hot, read-only, if it is still the directory open at `tree_fd`, and mounts the image's view
 // at /view. Returns the directory the warm-up should read: /view, or /image if the layer could
 // not be set up (with --verbose, a line says why; the sandbox then runs from the image alone).
-std::string mount_hot_files(const std::string& tree, int tree_fd, bool verbose);
+std::string mount_unpacked_files(const std::string& tree, int tree_fd, bool verbose);
 
 struct PreparedRoot {
     UniqueFd root;            // the sandbox's future "/"

@@ -43,11 +43,11 @@ struct SandboxPlan {
     int channel_fd = -1;
     // A learning run: the memory file the image server appends its records to; -1 otherwise.
     int learn_fd = -1;
-    // The image's unpacked files (image/hot_files.h): the directory on the host, and an O_PATH
-    // descriptor of it taken when its stamp was checked, which the supervisor's bind must match
-    // (another run may replace the directory meanwhile). Empty and -1 if there are none.
-    std::string hot_files_tree;
-    int hot_files_fd = -1;
+    // The image's unpacked files (warm_up/unpacked_files.h): the directory on the host, and an
+    // O_PATH descriptor of it taken when its stamp was checked, which the supervisor's bind must
+    // match (another run may replace the directory meanwhile). Empty and -1 if there are none.
+    std::string unpacked_files_tree;
+    int unpacked_files_fd = -1;
 };
 
 // The one policy builder, for `sqbox run`'s launcher and for `sqbox serve` (its template for every

@@ -14,9 +14,8 @@
 #include <vector>
 
 #include "image/squashfs_server.h"
-#include "runtime/image_warm_up.h"
 #include "runtime/init.h"
-#include "runtime/process.h"
+#include "runtime/payload.h"
 #include "runtime/rootfs.h"
 #include "runtime/signals.h"
 #include "runtime/stage_report.h"
@@ -24,6 +23,8 @@
 #include "util/errors.h"
 #include "util/fd_passing.h"
 #include "util/files.h"
+#include "util/process.h"
+#include "warm_up/warm_up.h"
 
 namespace sqbox {
 namespace {
@@ -71,8 +72,9 @@ ChildProcess mount_image_and_serve(const ImageSource& image, const IdMapping& id
         for (int fd : close_in_server) {
             if (fd >= 0) (void)::close(fd);
         }
+        const std::unique_ptr<ImageAccessRecorder> recorder = make_learning_recorder(learn_fd);
         int status = serve_squashfs(image.squashfs.get(), fuse.get(),
-                                    {ids.inside_uid, ids.inside_gid, kImageDir, learn_fd});
+                                    {ids.inside_uid, ids.inside_gid, kImageDir, recorder.get()});
         ::_exit(status == 0 ? 0 : kExitSqboxFailure);
     }
     return ChildProcess(pid);  // `fuse` closes here: the server holds the connection now
@@ -85,7 +87,7 @@ void leave_process_group() {
 std::vector<int> descriptors_of(const SupervisorContext& context) {
     const SandboxPlan& plan = *context.plan;
     std::vector<int> keep = {context.image->file.get(), context.report_fd};
-    for (int fd : {plan.diagnostics_fd, plan.channel_fd, plan.learn_fd, plan.hot_files_fd}) {
+    for (int fd : {plan.diagnostics_fd, plan.channel_fd, plan.learn_fd, plan.unpacked_files_fd}) {
         if (fd >= 0) keep.push_back(fd);
     }
     return keep;
@@ -119,19 +121,20 @@ std::vector<int> server_closes(const SupervisorContext& context, const InitChann
             channels.report.read_end.get(),
             channels.lifeline.write_end.get(),
             channels.image_ready.get(),
-            context.plan->hot_files_fd};
+            context.plan->unpacked_files_fd};
 }
 
-std::string mount_unpacked_files(const ImageSource& image, const SandboxPlan& plan) {
-    if (image.kind != ImageSource::Kind::kSquashfs || plan.hot_files_fd < 0) return kImageDir;
-    return mount_hot_files(plan.hot_files_tree, plan.hot_files_fd, plan.config->verbose);
+std::string bind_unpacked_files(const ImageSource& image, const SandboxPlan& plan) {
+    if (image.kind != ImageSource::Kind::kSquashfs || plan.unpacked_files_fd < 0) return kImageDir;
+    return mount_unpacked_files(plan.unpacked_files_tree, plan.unpacked_files_fd,
+                                plan.config->verbose);
 }
 
-ImageWarmUp start_warm_up(const ImageSource& image, const std::string& root,
-                          const SandboxConfig& config, const std::vector<WarmUpName>* names) {
+LookAhead start_look_ahead_of(const ImageSource& image, const std::string& root,
+                              const SandboxConfig& config, const std::vector<WarmUpName>* names) {
     if (image.kind != ImageSource::Kind::kSquashfs) return {};
-    return start_image_warm_up(root, first_lookups(config),
-                               names != nullptr ? *names : std::vector<WarmUpName>{});
+    return start_look_ahead(root, first_lookups(config, kDefaultPayloadPath),
+                            names != nullptr ? *names : std::vector<WarmUpName>{});
 }
 
 void tell_init_image_ready(UniqueFd& image_ready) {
@@ -197,8 +200,8 @@ StageReport final_report(int init_report_fd, const SandboxEnd& end, Clock::time_
     return report;
 }
 
-void finish_learning_warm_up(ImageWarmUp& warm_up) {
-    (void)warm_up.finish_within(kLearningWarmUpWait);
+void finish_learning_look_ahead(LookAhead& look_ahead) {
+    (void)look_ahead.finish_within(kLearningWarmUpWait);
 }
 
 }  // namespace sqbox

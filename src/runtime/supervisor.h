@@ -11,15 +11,14 @@
 #include <vector>
 
 #include "image/image_source.h"
-#include "image/warm_up_list.h"
-#include "runtime/image_warm_up.h"
 #include "runtime/init.h"
-#include "runtime/process.h"
 #include "runtime/sandbox_plan.h"
 #include "runtime/stage_report.h"
 #include "runtime/user_namespace.h"
 #include "util/files.h"
+#include "util/process.h"
 #include "util/unique_fd.h"
+#include "warm_up/warm_up.h"
 
 namespace sqbox {
 
@@ -72,14 +71,14 @@ InitChannels make_init_channels();
 // What the image server closes: everything of the supervisor's but the image and /dev/fuse.
 std::vector<int> server_closes(const SupervisorContext& context, const InitChannels& channels);
 
-// Binds the image's unpacked files above it (see mount_hot_files); returns the directory the
-// warm-up reads: the image as sandboxes will see it.
-std::string mount_unpacked_files(const ImageSource& image, const SandboxPlan& plan);
+// Binds the image's unpacked files above it (rootfs.h: mount_unpacked_files); returns the directory
+// the warm-up reads: the image as sandboxes will see it.
+std::string bind_unpacked_files(const ImageSource& image, const SandboxPlan& plan);
 
 // Starts looking up, on a thread, what every start needs and the warm-up list's names (a squashfs
 // image only). Call only once no more processes will be forked.
-ImageWarmUp start_warm_up(const ImageSource& image, const std::string& root,
-                          const SandboxConfig& config, const std::vector<WarmUpName>* names);
+LookAhead start_look_ahead_of(const ImageSource& image, const std::string& root,
+                              const SandboxConfig& config, const std::vector<WarmUpName>* names);
 
 // One byte to init: the image is mounted.
 void tell_init_image_ready(UniqueFd& image_ready);
@@ -105,7 +104,7 @@ StageReport final_report(int init_report_fd, const SandboxEnd& end,
 // A learning run's record includes what the warm-up looked up (the directories on the way to a
 // listed name, say). Bounded, and not after a timeout: this process does not act on signals
 // meanwhile, and a wedged server would keep the warm-up waiting.
-void finish_learning_warm_up(ImageWarmUp& warm_up);
+void finish_learning_look_ahead(LookAhead& look_ahead);
 
 // Runs in a fresh user + mount namespace: maps the caller's ids, builds the scratch root, mounts
 // the image (starting the FUSE server), starts init in the sandbox's namespaces, enforces the

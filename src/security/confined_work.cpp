@@ -17,11 +17,11 @@
 #include <memory>
 #include <optional>
 
-#include "runtime/capabilities.h"
-#include "runtime/process.h"
+#include "security/capabilities.h"
 #include "security/landlock.h"
 #include "util/errors.h"
 #include "util/files.h"
+#include "util/process.h"
 #include "util/unique_fd.h"
 
 namespace sqbox {

@@ -25,7 +25,6 @@
 
 #include "image/image_source.h"
 #include "runtime/cgroups.h"
-#include "runtime/process.h"
 #include "runtime/signals.h"
 #include "security/landlock.h"
 #include "security/seccomp_choice.h"
@@ -36,6 +35,7 @@
 #include "util/errors.h"
 #include "util/fd_passing.h"
 #include "util/files.h"
+#include "util/process.h"
 
 namespace sqbox {
 namespace {

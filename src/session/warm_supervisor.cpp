@@ -15,7 +15,6 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/init.h"
-#include "runtime/process.h"
 #include "runtime/signals.h"
 #include "runtime/stage_report.h"
 #include "runtime/supervisor.h"
@@ -24,6 +23,7 @@
 #include "util/errors.h"
 #include "util/fd_passing.h"
 #include "util/files.h"
+#include "util/process.h"
 
 namespace sqbox {
 namespace {

@@ -1,6 +1,6 @@
 """An image's learned warm-up list: `sqbox run --learn-warm-up` records what its payload looked up,
 read and listed in a .sqsh image; later runs look those names up ahead of their payload (and
-unpack the files it reads: test_hot_files.py). Only a learning run ever writes a list."""
+unpack the files it reads: test_unpacked_files.py). Only a learning run ever writes a list."""
 import os
 import re
 import stat
@@ -71,7 +71,7 @@ def test_a_plain_run_never_writes_a_list(sqbox, busybox_image, tmp_path):
     payload = "cat /etc/group >/dev/null; ls /var >/dev/null; test -e /planted-name; echo ok"
     result = sqbox.run(busybox_image, "sh", "-c", payload, env=env)
     assert (result.returncode, result.stdout, result.stderr) == (0, "ok\n", "")
-    # Only the image's entry (what it carries, here nothing: test_hot_files.py), no list.
+    # Only the image's entry (what it carries, here nothing: test_unpacked_files.py), no list.
     assert [p.name for p in (tmp_path / "cache" / "warm-up").glob("*")
             if not p.name.endswith(".files")] == [".lock"]
 

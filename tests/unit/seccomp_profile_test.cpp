@@ -333,8 +333,8 @@ TEST(SeccompProfile, StrictAlsoDeniesNetworkAndPtrace) {
     EXPECT_EQ(answer(filter, SYS_read), kAllow);
 }
 
-// A payload started before the root is ready installs its filter first (payload.h,
-// exec_payload_once_root_ready), so every call it makes afterwards must pass sqbox's own profiles:
+// With sqbox's own profiles the payload installs its filter before the root is ready (run_payload
+// in runtime/pipeline.cpp), so every call it makes afterwards must pass those profiles:
 // waiting for init, reading the image's /etc/environment, entering the working directory,
 // Landlock, marking descriptors close-on-exec, reporting a failure, and the exec itself.
 TEST(SeccompProfile, BuiltinsAllowWhatAPayloadStartedEarlyDoesAfterItsFilter) {

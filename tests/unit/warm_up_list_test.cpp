@@ -1,6 +1,7 @@
-#include "image/warm_up_list.h"
+#include "warm_up/warm_up_list.h"
 
-#include "image/warm_up_store.h"
+#include "warm_up/list_store.h"
+#include "warm_up/warm_up.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>

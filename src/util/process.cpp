@@ -1,4 +1,4 @@
-#include "runtime/process.h"
+#include "util/process.h"
 
 #include <sched.h>
 #include <sys/prctl.h>

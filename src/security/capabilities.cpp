@@ -1,4 +1,4 @@
-#include "runtime/capabilities.h"
+#include "security/capabilities.h"
 
 #include <linux/securebits.h>
 #include <sys/capability.h>

@@ -1,4 +1,4 @@
-// Where images' warm-up lists (image/warm_up_list.h) are kept: one file per image in a directory
+// Where images' warm-up lists (warm_up/warm_up_list.h) are kept: one file per image in a directory
 // of the caller's own (sqbox_cache_directory()/warm-up), named after the image's first and last
 // 4 KiB and its size: a copy of the image finds its list, a rebuilt image (other tables, other
 // size) almost always starts afresh. A key, not a proof of identity: an image made to match
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "image/squashfuse_api.h"
-#include "image/warm_up_list.h"
+#include "warm_up/warm_up_list.h"
 
 namespace sqbox {
 
@@ -24,9 +24,6 @@ namespace sqbox {
 // lists (and the files unpacked for them) are only read from and written to such a directory,
 // since in one that others can write they could swap them under the caller's runs.
 void check_private_directory(const std::string& directory);
-
-// The caller's directory for lists: sqbox_cache_directory() + "/warm-up", "" if there is none.
-std::string default_warm_up_directory();
 
 // The list's file name for the squashfs image open at `image_fd`. Throws Error if the image
 // cannot be read.

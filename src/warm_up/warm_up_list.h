@@ -4,15 +4,15 @@
 // A fresh sandbox's FUSE mount starts with nothing cached, so each name the payload looks up and
 // each file it starts reading costs a round trip through the image server while the payload
 // waits. With a list, the supervisor looks those names up and starts those reads itself while
-// the sandbox is still being set up (runtime/image_warm_up.h), and the payload finds them cached.
+// the sandbox is still being set up (warm_up/look_ahead.h), and the payload finds them cached.
 //
 // Lists are only ever written by `sqbox run --learn-warm-up`, which the caller runs on purpose
 // with a command they trust (python3 -c 'import numpy', say), or carried by the image itself
-// (image/warm_up_store.h). A plain run never writes one: a list learned from a hostile payload
+// (warm_up/list_store.h). A plain run never writes one: a list learned from a hostile payload
 // would let one sandbox leave marks (which names are cached, which files are unpacked:
-// image/hot_files.h) that the next could tell.
+// warm_up/unpacked_files.h) that the next could tell.
 //
-// This file is the list's format; image/warm_up_store.h keeps one list per image. The format: the
+// This file is the list's format; warm_up/list_store.h keeps one list per image. The format: the
 // line
 // "sqbox-warm-up 1\n", then one record per name: its kind ('L' looked up, 'R' a file read, 'D' a
 // directory listed), the absolute path, a NUL byte. Names in an image may hold any byte but '/'

@@ -1,21 +1,21 @@
-#include "runtime/image_warm_up_list.h"
+#include "warm_up/warm_up.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <optional>
 
-#include "image/hot_files.h"
 #include "image/squashfuse_api.h"
-#include "image/warm_up_store.h"
 #include "util/errors.h"
 #include "util/files.h"
+#include "util/user_directories.h"
+#include "warm_up/learning_recorder.h"
+#include "warm_up/list_store.h"
+#include "warm_up/unpacked_files.h"
 
 namespace sqbox {
 
-ImageWarmUpList::ImageWarmUpList(const SandboxConfig& config, const ImageSource& image,
-                                 SandboxPlan& plan)
-    : image_(config.image) {
+WarmUp::WarmUp(const SandboxConfig& config, const ImageSource& image) : image_(config.image) {
     if (image.kind != ImageSource::Kind::kSquashfs) {
         if (config.learn_warm_up) {
             throw Error("--learn-warm-up: " + config.image +
@@ -34,14 +34,13 @@ ImageWarmUpList::ImageWarmUpList(const SandboxConfig& config, const ImageSource&
     if (config.learn_warm_up) {
         records_.reset(::memfd_create("sqbox-warm-up", MFD_CLOEXEC));
         if (!records_) throw system_error("--learn-warm-up: memfd_create");
-        plan.learn_fd = records_.get();
     }
     if (!config.use_warm_up_list) return;
     if (!path_.empty()) load_learned_list(config.verbose);
     // A learning run reads everything through the image server, which records what it reads. A
     // container's persistent layer is never stacked on unpacked files (rootfs.cpp says why).
     if (!path_.empty() && !config.learn_warm_up && config.persistent_layer.empty()) {
-        use_hot_files(config, image, plan);
+        use_unpacked_files(config, image);
     }
     if (config.verbose && names_.empty() && !path_.empty()) {
         print_error("warm-up: no list for this image yet (" + path_ +
@@ -49,7 +48,7 @@ ImageWarmUpList::ImageWarmUpList(const SandboxConfig& config, const ImageSource&
     }
 }
 
-void ImageWarmUpList::load_learned_list(bool verbose) {
+void WarmUp::load_learned_list(bool verbose) {
     try {
         std::optional<std::vector<WarmUpName>> loaded = load_warm_up_list(path_);
         if (!loaded) {
@@ -66,39 +65,37 @@ void ImageWarmUpList::load_learned_list(bool verbose) {
     }
 }
 
-void ImageWarmUpList::use_hot_files(const SandboxConfig& config, const ImageSource& image,
-                                    SandboxPlan& plan) {
+void WarmUp::use_unpacked_files(const SandboxConfig& config, const ImageSource& image) {
     const bool learned = !names_.empty();
-    HotFiles hot;
+    UnpackedFiles unpacked;
     try {
-        hot = prepare_hot_files(&image.squashfs->fs, image.file.get(), config.warm_up_directory,
-                                key_, names_);
+        unpacked = prepare_unpacked_files(&image.squashfs->fs, image.file.get(),
+                                          config.warm_up_directory, key_, names_);
     } catch (const Error& e) {
         // A cache never fails a run: the sandbox reads those files from the image instead.
         if (config.verbose) print_error(std::string("warm-up: files not unpacked: ") + e.what());
         return;
     }
-    if (!learned && !hot.image_names.empty()) {
-        names_ = std::move(hot.image_names);
+    if (!learned && !unpacked.image_names.empty()) {
+        names_ = std::move(unpacked.image_names);
         if (config.verbose) {
             print_error("warm-up: " + std::to_string(names_.size()) + " names from the image's " +
                         kImageWarmUpListPath + " (none learned yet)");
         }
     }
-    if (config.verbose && !hot.failure.empty()) {
-        print_error("warm-up: files not unpacked: " + hot.failure);
-    } else if (config.verbose && hot.tree_fd) {
-        print_error("warm-up: " + std::to_string(hot.files) + " files (" +
-                    std::to_string(hot.bytes) + " bytes) " + (hot.made ? "unpacked in " : "from ") +
-                    hot.tree);
+    if (config.verbose && !unpacked.failure.empty()) {
+        print_error("warm-up: files not unpacked: " + unpacked.failure);
+    } else if (config.verbose && unpacked.tree_fd) {
+        print_error("warm-up: " + std::to_string(unpacked.files) + " files (" +
+                    std::to_string(unpacked.bytes) + " bytes) " +
+                    (unpacked.made ? "unpacked in " : "from ") + unpacked.tree);
     }
-    if (!hot.tree_fd) return;
-    tree_fd_ = std::move(hot.tree_fd);
-    plan.hot_files_tree = hot.tree;
-    plan.hot_files_fd = tree_fd_.get();
+    if (!unpacked.tree_fd) return;
+    unpacked_files_fd_ = std::move(unpacked.tree_fd);
+    unpacked_files_tree_ = unpacked.tree;
 }
 
-void ImageWarmUpList::save_learned() {
+void WarmUp::save_learned() {
     if (!records_) return;
     if (::lseek(records_.get(), 0, SEEK_SET) != 0) throw system_error("--learn-warm-up: lseek");
     const std::vector<WarmUpName> learned =
@@ -106,6 +103,16 @@ void ImageWarmUpList::save_learned() {
     const SavedWarmUpList saved = add_to_warm_up_list(path_, learned);
     print_error("warm-up list of " + image_ + ": " + std::to_string(saved.names) + " names (" +
                 std::to_string(saved.added) + " new), saved in " + path_);
+}
+
+std::string default_warm_up_directory() {
+    const std::string cache = sqbox_cache_directory();
+    return cache.empty() ? cache : cache + "/warm-up";
+}
+
+std::unique_ptr<ImageAccessRecorder> make_learning_recorder(int learn_fd) {
+    if (learn_fd < 0) return nullptr;
+    return std::make_unique<LearningRecorder>(learn_fd);
 }
 
 }  // namespace sqbox

@@ -10,7 +10,7 @@
 //
 // Only the files a warm-up list reads ('R') are unpacked, and lists come only from runs the
 // caller made on purpose (--learn-warm-up) or from the image itself: what a payload reads in a
-// plain run never decides what later sandboxes find unpacked (image/warm_up_list.h says why).
+// plain run never decides what later sandboxes find unpacked (warm_up/warm_up_list.h says why).
 //
 // The image is untrusted input, so everything read from it here (its own list, its directories
 // and symlinks, the files) is read in a confined child process (security/confined_work.h) that
@@ -41,12 +41,12 @@
 #include <vector>
 
 #include "image/squashfuse_api.h"
-#include "image/warm_up_list.h"
 #include "util/unique_fd.h"
+#include "warm_up/warm_up_list.h"
 
 namespace sqbox {
 
-struct HotFilesLimits {
+struct UnpackedFilesLimits {
     uint64_t total_bytes = uint64_t{256} << 20;  // what one image's tree may hold
     uint64_t file_bytes = uint64_t{64} << 20;    // larger files stay in the image
     size_t entries = 16384;                      // directories and files created
@@ -56,7 +56,7 @@ struct HotFilesLimits {
 // Entries (images) whose files are kept in one list directory.
 inline constexpr size_t kMaxEntries = 8;
 
-struct HotFiles {
+struct UnpackedFiles {
     std::vector<WarmUpName> image_names;  // the image's own list, when no learned one was given
     std::string tree;                     // the unpacked tree; empty if there is none
     UniqueFd tree_fd;                     // O_PATH of `tree`, checked against its stamp
@@ -66,28 +66,28 @@ struct HotFiles {
     std::string failure;  // why the entry could not be made ("" if it could)
 };
 
-struct HotFilesCounts {
+struct UnpackedFilesCounts {
     size_t files = 0;
     uint64_t bytes = 0;
 };
 
-// What prepare_hot_files does with the entry directory the confined child made, before it
+// What prepare_unpacked_files does with the entry directory the confined child made, before it
 // stamps it: an image that took the child over could have made anything its Landlock rules
 // allow, so nothing it reports is believed. Only `tree` (and, with `image_list`, `image-list`
 // of a list's size at most) may be there; in the tree only directories and regular files of link
 // count 1, neither setuid nor setgid, without extended attributes (overlayfs would act on
 // user.overlay.* ones), within `limits`. Returns what the tree holds; throws Error saying what is
 // wrong. Directories the image closes are opened for the walk and closed again.
-HotFilesCounts check_made_entry(const std::string& entry, bool image_list,
-                                const HotFilesLimits& limits);
+UnpackedFilesCounts check_made_entry(const std::string& entry, bool image_list,
+                                     const UnpackedFilesLimits& limits);
 
 // The entry for the image open at `image_fd` (`fs`), whose list is named `key`, in the private
 // list directory `directory`: the files of `learned` unpacked or, with `learned` empty, those of
 // the image's own list, together with that list. Made first if missing or out of date. Throws
 // Error, naming the path, if the directory cannot be used; a failure to read the image or to
 // unpack is recorded in the entry and returned in `failure`, and leaves no partial tree.
-HotFiles prepare_hot_files(sqfs* fs, int image_fd, const std::string& directory,
-                           const std::string& key, const std::vector<WarmUpName>& learned,
-                           const HotFilesLimits& limits = {});
+UnpackedFiles prepare_unpacked_files(sqfs* fs, int image_fd, const std::string& directory,
+                                     const std::string& key, const std::vector<WarmUpName>& learned,
+                                     const UnpackedFilesLimits& limits = {});
 
 }  // namespace sqbox

@@ -1,4 +1,4 @@
-#include "image/warm_up_store.h"
+#include "warm_up/list_store.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -15,7 +15,6 @@
 #include "util/files.h"
 #include "util/stable_hash.h"
 #include "util/unique_fd.h"
-#include "util/user_directories.h"
 
 namespace sqbox {
 namespace {
@@ -47,11 +46,6 @@ void check_private_directory(const std::string& directory) {
                     " is not a directory of yours that only you can write; warm-up lists are "
                     "kept only in such a directory");
     }
-}
-
-std::string default_warm_up_directory() {
-    const std::string cache = sqbox_cache_directory();
-    return cache.empty() ? cache : cache + "/warm-up";
 }
 
 std::string warm_up_list_name(int image_fd) {

@@ -1,4 +1,4 @@
-#include "image/warm_up_list.h"
+#include "warm_up/warm_up_list.h"
 
 #include <unordered_map>
 

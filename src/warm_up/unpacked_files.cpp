@@ -1,4 +1,4 @@
-#include "image/hot_files.h"
+#include "warm_up/unpacked_files.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -14,16 +14,18 @@
 #include <vector>
 
 #include "image/image_paths.h"
-#include "image/warm_up_store.h"
 #include "security/confined_work.h"
 #include "util/errors.h"
 #include "util/file_tree.h"
 #include "util/files.h"
 #include "util/stable_hash.h"
+#include "warm_up/list_store.h"
 
 namespace sqbox {
 namespace {
 
+// The stamp's first line, as entries already made on disk have it (from when the unpacked files
+// were called hot files): another header would make every cache start afresh.
 constexpr const char* kStampHeader = "sqbox-hot-files 2\n";
 constexpr size_t kMaxStampBytes = 4096;
 // The image's list as kept in the entry: what load_image_warm_up_list accepts, plus its header.
@@ -80,14 +82,14 @@ std::optional<std::string> read_entry_file(int dir, const char* name, size_t max
 // The entry at `path` if its stamp starts with `prefix` (and it holds what that stamp says):
 // read through one descriptor of the entry, so that stamp, list and tree are one entry's even
 // if another run replaces it meanwhile.
-std::optional<HotFiles> read_entry(const std::string& path, const std::string& prefix,
-                                   bool image_list) {
+std::optional<UnpackedFiles> read_entry(const std::string& path, const std::string& prefix,
+                                        bool image_list) {
     UniqueFd entry(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (!entry) return std::nullopt;
     std::optional<std::string> stamp = read_entry_file(entry.get(), "stamp", kMaxStampBytes);
     if (!stamp || !stamp->starts_with(prefix)) return std::nullopt;
     const std::string status = stamp->substr(prefix.size());
-    HotFiles found;
+    UnpackedFiles found;
     if (status.starts_with("failed ")) {
         found.failure = status.substr(7, status.find('\n') - 7);
         return found;
@@ -118,7 +120,7 @@ std::optional<HotFiles> read_entry(const std::string& path, const std::string& p
 
 // Whether a file of `file`'s status is one sqbox unpacks (see the header), with `bytes` already
 // in the tree: the builder's choice and the launcher's check of what the builder made.
-bool unpackable(const struct stat& file, uint64_t bytes, const HotFilesLimits& limits) {
+bool unpackable(const struct stat& file, uint64_t bytes, const UnpackedFilesLimits& limits) {
     const auto size = static_cast<uint64_t>(file.st_size);
     return S_ISREG(file.st_mode) && file.st_nlink == 1 &&
            (file.st_mode & (S_ISUID | S_ISGID)) == 0 && size <= limits.file_bytes &&
@@ -129,7 +131,7 @@ bool unpackable(const struct stat& file, uint64_t bytes, const HotFilesLimits& l
 // limits' budgets. Runs in the confined child.
 class TreeBuilder {
   public:
-    TreeBuilder(sqfs* fs, int tree_fd, const HotFilesLimits& limits)
+    TreeBuilder(sqfs* fs, int tree_fd, const UnpackedFilesLimits& limits)
         : fs_(fs), tree_fd_(tree_fd), limits_(limits), lookups_left_(limits.lookups) {}
 
     // Unpacks the file `path` resolves to, if it qualifies (see the header).
@@ -234,7 +236,7 @@ class TreeBuilder {
 
     sqfs* fs_;
     int tree_fd_;
-    HotFilesLimits limits_;
+    UnpackedFilesLimits limits_;
     size_t lookups_left_;
     size_t created_ = 0;
     std::vector<std::pair<std::string, sqfs_inode>> directories_;  // in order of creation
@@ -246,7 +248,7 @@ class TreeBuilder {
 // `image-list`, the files of the list into `tree`. What it made is counted by the launcher, which
 // believes nothing the child says (check_made_entry).
 void unpack(sqfs* fs, int entry_fd, const std::vector<WarmUpName>& learned,
-            const HotFilesLimits& limits) {
+            const UnpackedFilesLimits& limits) {
     std::vector<WarmUpName> names = learned;
     if (learned.empty()) {
         // An image whose list is not one is as one without: nothing to unpack.
@@ -306,8 +308,8 @@ void remove_oldest_entries(const std::string& directory, const std::string& keep
 
 }  // namespace
 
-HotFilesCounts check_made_entry(const std::string& entry, bool image_list,
-                                const HotFilesLimits& limits) {
+UnpackedFilesCounts check_made_entry(const std::string& entry, bool image_list,
+                                     const UnpackedFilesLimits& limits) {
     bool has_tree = false;
     const bool listed = for_each_directory_entry(entry, [&](int, const std::string& name) {
         struct stat st {};
@@ -322,7 +324,7 @@ HotFilesCounts check_made_entry(const std::string& entry, bool image_list,
     if (!listed) throw system_error("cannot list " + entry);
     if (!has_tree) throw Error("no tree in " + entry);
     const std::string tree = entry + "/tree";
-    HotFilesCounts counts;
+    UnpackedFilesCounts counts;
     size_t entries = 0;
     std::vector<std::string> pending = {""};  // directories to list, relative to the tree
     std::vector<std::pair<std::string, mode_t>> opened;  // closed directories opened, in order
@@ -366,13 +368,13 @@ HotFilesCounts check_made_entry(const std::string& entry, bool image_list,
     return counts;
 }
 
-HotFiles prepare_hot_files(sqfs* fs, int image_fd, const std::string& directory,
-                           const std::string& key, const std::vector<WarmUpName>& learned,
-                           const HotFilesLimits& limits) {
+UnpackedFiles prepare_unpacked_files(sqfs* fs, int image_fd, const std::string& directory,
+                                     const std::string& key, const std::vector<WarmUpName>& learned,
+                                     const UnpackedFilesLimits& limits) {
     const std::string prefix = stamp_prefix(image_fd, learned);
     const std::string entry = directory + "/" + key + ".files";
     const bool image_list = learned.empty();
-    if (std::optional<HotFiles> found = read_entry(entry, prefix, image_list)) {
+    if (std::optional<UnpackedFiles> found = read_entry(entry, prefix, image_list)) {
         return std::move(*found);
     }
 
@@ -380,12 +382,12 @@ HotFiles prepare_hot_files(sqfs* fs, int image_fd, const std::string& directory,
     check_private_directory(directory);
     UniqueFd lock = lock_file_within(directory + "/.lock", kLockWaitMs);
     if (!lock) {
-        HotFiles busy;
+        UnpackedFiles busy;
         busy.failure = "another run is still making it";
         return busy;
     }
     // Again under the lock: another run may have made it meanwhile.
-    if (std::optional<HotFiles> found = read_entry(entry, prefix, image_list)) {
+    if (std::optional<UnpackedFiles> found = read_entry(entry, prefix, image_list)) {
         return std::move(*found);
     }
 
@@ -409,7 +411,7 @@ HotFiles prepare_hot_files(sqfs* fs, int image_fd, const std::string& directory,
         if (stamp_prefix(image_fd, learned) != prefix) {
             throw Error("the image changed while it was being unpacked");
         }
-        const HotFilesCounts counts = check_made_entry(temporary, image_list, limits);
+        const UnpackedFilesCounts counts = check_made_entry(temporary, image_list, limits);
         status =
             "unpacked " + std::to_string(counts.files) + " " + std::to_string(counts.bytes) + "\n";
     } catch (const Error& e) {
@@ -441,7 +443,7 @@ HotFiles prepare_hot_files(sqfs* fs, int image_fd, const std::string& directory,
     // looked up yet come from the image instead.
     remove_tree(old);
     remove_oldest_entries(directory, key + ".files");
-    std::optional<HotFiles> found = read_entry(entry, prefix, image_list);
+    std::optional<UnpackedFiles> found = read_entry(entry, prefix, image_list);
     if (!found) throw Error("cannot read " + entry + " just made");
     found->made = true;
     return std::move(*found);

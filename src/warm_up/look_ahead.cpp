@@ -1,4 +1,4 @@
-#include "runtime/image_warm_up.h"
+#include "warm_up/look_ahead.h"
 
 #include <fcntl.h>
 #include <linux/openat2.h>
@@ -13,7 +13,6 @@
 #include <utility>
 
 #include "image/program_interpreter.h"
-#include "runtime/payload.h"
 #include "util/unique_fd.h"
 
 namespace sqbox {
@@ -23,7 +22,7 @@ namespace {
 constexpr size_t kFirstChunkBytes = size_t{128} << 10;
 
 // Interpreters followed (a program's loader, a script's shell, that shell's loader): bounded, so
-// that a chain of scripts cannot keep the warm-up going.
+// that a chain of scripts cannot keep the look-ahead going.
 constexpr size_t kMaxInterpreters = 4;
 
 // A directory is listed in getdents64 calls of this many bytes, at most this many calls (a huge
@@ -42,7 +41,7 @@ UniqueFd open_in_image(int root, const std::string& path, uint64_t flags) {
 
 // What the payload itself would do first with a name: look it up, and read a file's first chunk
 // or list a directory (the kernel keeps a directory's listing: image/squashfs_server.cpp).
-void warm_up_learned(int root, const WarmUpName& name) {
+void look_up_learned(int root, const WarmUpName& name) {
     // O_PATH: a lookup (following symlinks, inside the image) and nothing else.
     uint64_t flags = O_PATH | O_CLOEXEC;
     if (name.kind == WarmUpKind::kRead) flags = O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC;
@@ -64,8 +63,8 @@ void warm_up_learned(int root, const WarmUpName& name) {
     (void)::readahead(file.get(), 0, kFirstChunkBytes);
 }
 
-void warm_up(const std::string& mount_point, std::vector<std::string> paths,
-             const std::vector<WarmUpName>& learned) {
+void look_ahead(const std::string& mount_point, std::vector<std::string> paths,
+                const std::vector<WarmUpName>& learned) {
     UniqueFd root(::open(mount_point.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
     if (!root) return;
     const size_t limit = paths.size() + kMaxInterpreters;
@@ -86,12 +85,13 @@ void warm_up(const std::string& mount_point, std::vector<std::string> paths,
         }
         (void)::readahead(file.get(), 0, kFirstChunkBytes);
     }
-    for (const auto& name : learned) warm_up_learned(root.get(), name);
+    for (const auto& name : learned) look_up_learned(root.get(), name);
 }
 
 }  // namespace
 
-std::vector<std::string> first_lookups(const SandboxConfig& config) {
+std::vector<std::string> first_lookups(const SandboxConfig& config,
+                                       const std::string& default_path) {
     std::vector<std::string> paths = {"/etc/hostname", "/etc/hosts", "/etc/resolv.conf",
                                       "/etc/fstab", "/etc/environment"};
     if (config.entrypoint == SandboxConfig::Entrypoint::kEnrootRc) paths.emplace_back("/etc/rc");
@@ -102,7 +102,7 @@ std::vector<std::string> first_lookups(const SandboxConfig& config) {
     } else if (program.find('/') == std::string::npos) {
         // The PATH the payload searches: the default unless --env sets one (the image's
         // /etc/environment may too, but it is not read yet; this is only a hint).
-        std::string search = kDefaultPayloadPath;
+        std::string search = default_path;
         for (const auto& [key, value] : config.environment) {
             if (key == "PATH") search = value;
         }
@@ -120,25 +120,25 @@ std::vector<std::string> first_lookups(const SandboxConfig& config) {
     return paths;
 }
 
-ImageWarmUp::~ImageWarmUp() {
+LookAhead::~LookAhead() {
     if (thread_.joinable()) thread_.detach();
 }
 
-bool ImageWarmUp::finish_within(std::chrono::milliseconds limit) {
+bool LookAhead::finish_within(std::chrono::milliseconds limit) {
     if (!thread_.joinable()) return true;
     if (done_.wait_for(limit) != std::future_status::ready) return false;
     thread_.join();
     return true;
 }
 
-ImageWarmUp start_image_warm_up(std::string mount_point, std::vector<std::string> paths,
-                                std::vector<WarmUpName> learned) {
+LookAhead start_look_ahead(std::string mount_point, std::vector<std::string> paths,
+                           std::vector<WarmUpName> learned) {
     try {
         std::promise<void> done;
         std::future<void> finished = done.get_future();
         std::thread thread([mount_point = std::move(mount_point), paths = std::move(paths),
                             learned = std::move(learned), done = std::move(done)]() mutable {
-            warm_up(mount_point, std::move(paths), learned);
+            look_ahead(mount_point, std::move(paths), learned);
             done.set_value();
         });
         return {std::move(thread), std::move(finished)};

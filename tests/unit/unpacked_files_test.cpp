@@ -1,6 +1,6 @@
 // check_made_entry: what an unpacking child taken over by its image could leave in an entry is
 // refused before it is stamped and laid under a sandbox.
-#include "image/hot_files.h"
+#include "warm_up/unpacked_files.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -34,7 +34,7 @@ class MadeEntryTest : public ::testing::Test {
     void TearDown() override { temp_.reset(); }
 
     // Whether check_made_entry refuses the entry.
-    bool refused(const HotFilesLimits& limits = {}) {
+    bool refused(const UnpackedFilesLimits& limits = {}) {
         try {
             (void)check_made_entry(entry_.string(), true, limits);
             return false;
@@ -49,7 +49,7 @@ class MadeEntryTest : public ::testing::Test {
 
 TEST_F(MadeEntryTest, AnEntryAsSqboxMakesItPassesWithItsCounts) {
     fs::permissions(entry_ / "tree" / "usr" / "lib", fs::perms::none);  // as an image may have it
-    const HotFilesCounts counts = check_made_entry(entry_.string(), true, {});
+    const UnpackedFilesCounts counts = check_made_entry(entry_.string(), true, {});
     EXPECT_EQ(counts.files, 2U);
     EXPECT_EQ(counts.bytes, 8U);
     // Closed again after the walk.
@@ -86,13 +86,13 @@ TEST_F(MadeEntryTest, WhatSqboxNeverMakesIsRefused) {
 }
 
 TEST_F(MadeEntryTest, TheLimitsHold) {
-    HotFilesLimits few;
+    UnpackedFilesLimits few;
     few.entries = 3;  // usr, lib, libc.so, empty: four
     EXPECT_TRUE(refused(few));
-    HotFilesLimits small;
+    UnpackedFilesLimits small;
     small.total_bytes = 7;
     EXPECT_TRUE(refused(small));
-    HotFilesLimits one_file;
+    UnpackedFilesLimits one_file;
     one_file.file_bytes = 7;
     EXPECT_TRUE(refused(one_file));
     EXPECT_FALSE(refused());
