@@ -5,6 +5,12 @@
 // One process, one poll loop, no threads: it reads requests, hands each sandbox's configuration
 // and stdio to the warm supervisor (warm_supervisor.h), collects output, relays session traffic
 // between clients and the in-sandbox drivers, and answers.
+//
+// server.cpp holds the lifetime (start-up, the loop, signals, the end) and the wiring between
+//   client_connection.h  a client's framing: bounded request lines, buffered answers
+//   jobs.h               the sandboxes: launching, stdio, run answers, the pool, --max-parallel
+//   session_state.h      a session's state machine (tested without sandboxes)
+//   protocol_lines.h     the JSON line format they share
 #pragma once
 
 #include <string>

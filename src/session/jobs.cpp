@@ -1,0 +1,419 @@
+#include "session/jobs.h"
+
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <thread>
+#include <utility>
+
+#include "session/config_codec.h"
+#include "util/errors.h"
+#include "util/fd_passing.h"
+#include "util/files.h"
+
+namespace sqbox {
+namespace {
+
+constexpr size_t kReadChunk = size_t{256} * 1024;
+
+struct Pipes {
+    Pipe in, out, err;
+};
+
+Pipes make_stdio_pipes() {
+    Pipes pipes{make_pipe("sandbox stdin"), make_pipe("sandbox stdout"),
+                make_pipe("sandbox stderr")};
+    set_nonblocking(pipes.in.write_end.get(), "a descriptor");
+    set_nonblocking(pipes.out.read_end.get(), "a descriptor");
+    set_nonblocking(pipes.err.read_end.get(), "a descriptor");
+    return pipes;
+}
+
+json failure_report(const std::string& error) {
+    return {{"exit_status", kExitSqboxFailure},
+            {"payload_started", false},
+            {"payload_finished", false},
+            {"timed_out", false},
+            {"wait_status", 0},
+            {"wall_ns", 0},
+            {"cpu_ns", 0},
+            {"max_rss_kib", 0},
+            {"error", error}};
+}
+
+}  // namespace
+
+Jobs::Jobs(const ServeOptions& options, JobEvents& events)
+    : options_(options), events_(events), read_buffer_(kReadChunk, '\0') {
+    max_parallel_ = options.max_parallel;
+    if (max_parallel_ == 0) {
+        max_parallel_ = std::max(1U, 2 * std::thread::hardware_concurrency());
+    }
+}
+
+Job& Jobs::new_job(int client, RequestSettings settings) {
+    const uint64_t key = next_key_++;
+    Job& job = jobs_[key];
+    job.key = key;
+    job.client = client;
+    job.settings = std::move(settings);
+    return job;
+}
+
+void Jobs::send_to_supervisor(MessageTag tag, const json& body, const std::vector<int>& fds) {
+    send_fd_message(control_fd_, tag, body.dump(), fds, "cannot reach the supervisor");
+}
+
+void Jobs::signal_job(const Job& job, int signal) {
+    if (job.started && !job.report) {
+        send_to_supervisor(MessageTag::kSignal, {{"key", job.key}, {"signal", signal}}, {});
+    }
+}
+
+void Jobs::signal(uint64_t key, int signal) {
+    auto it = jobs_.find(key);
+    if (it != jobs_.end()) signal_job(it->second, signal);
+}
+
+// ---- runs ----
+
+void Jobs::start_run(int client, const json& request) {
+    RequestSettings settings = settings_from_request(request, options_.base, false);
+    Job& job = new_job(client, std::move(settings));
+    job.id = request.value("id", json(nullptr));
+    job.poolable =
+        !request.contains("mounts") && !request.contains("memory") && !request.contains("pids");
+    const auto limit = job.settings.config.output_limit_bytes;
+    job.out.limit = job.err.limit = limit ? *limit : kDefaultRunOutputLimit;
+    waiting_runs_.push_back(job.key);
+    start_waiting_runs();
+}
+
+void Jobs::start_waiting_runs() {
+    while (running_runs_ < max_parallel_ && !waiting_runs_.empty()) {
+        const uint64_t key = waiting_runs_.front();
+        waiting_runs_.pop_front();
+        auto it = jobs_.find(key);
+        if (it == jobs_.end() || it->second.abandoned) {
+            if (it != jobs_.end()) jobs_.erase(it);
+            continue;
+        }
+        ++running_runs_;
+        if (it->second.poolable && !pool_ready_.empty()) {
+            hand_to_pooled(it->second);
+            jobs_.erase(it);
+            fill_pool();
+            continue;
+        }
+        it->second.counted = true;
+        launch(it->second);
+    }
+}
+
+void Jobs::abandon_runs_of(int client) {
+    for (auto& [key, job] : jobs_) {
+        if (job.client == client && job.session.empty()) {
+            job.abandoned = true;
+            signal_job(job, SIGKILL);
+        }
+    }
+}
+
+bool Jobs::runs_under_way() const {
+    return std::any_of(jobs_.begin(), jobs_.end(), [](const auto& entry) {
+        const Job& job = entry.second;
+        return job.session.empty() && !job.abandoned && !job.in_pool;
+    });
+}
+
+// ---- the pool: sandboxes set up ahead with the server's defaults ----
+
+void Jobs::fill_pool() {
+    while (pool_enabled_ && pool_ready_.size() < options_.pool) {
+        RequestSettings settings;
+        settings.config = options_.base;
+        settings.config.command = {"pooled"};  // replaced by the request's
+        Job& job = new_job(-1, std::move(settings));
+        job.pooled = job.in_pool = true;
+        pool_ready_.push_back(job.key);
+        launch(job);
+    }
+}
+
+// Moves a run request onto a ready pooled sandbox and starts it there.
+void Jobs::hand_to_pooled(Job& request) {
+    const uint64_t key = pool_ready_.front();
+    pool_ready_.pop_front();
+    Job& job = jobs_.at(key);
+    job.in_pool = false;
+    job.counted = true;
+    job.client = request.client;
+    job.id = request.id;
+    job.out.limit = request.out.limit;
+    job.err.limit = request.err.limit;
+    const SandboxConfig& asked = request.settings.config;
+    const std::vector<std::pair<std::string, std::string>> additions(
+        asked.environment.begin() + static_cast<std::ptrdiff_t>(options_.base.environment.size()),
+        asked.environment.end());
+    json go = {
+        {"key", key},
+        {"command", asked.command},
+        {"environment", additions},
+        {"workdir", asked.workdir},
+        {"cpu_seconds", asked.limits.cpu_seconds ? json(*asked.limits.cpu_seconds) : json(nullptr)},
+        {"timeout", asked.timeout_seconds ? json(*asked.timeout_seconds) : json(nullptr)}};
+    job.settings = std::move(request.settings);
+    try {
+        Pipes pipes = make_stdio_pipes();
+        send_to_supervisor(
+            MessageTag::kGo, go,
+            {pipes.in.read_end.get(), pipes.out.write_end.get(), pipes.err.write_end.get()});
+        job.stdin_fd = std::move(pipes.in.write_end);
+        job.out.fd = std::move(pipes.out.read_end);
+        job.err.fd = std::move(pipes.err.read_end);
+        job.stdin_pending = job.settings.stdin_data;
+        if (job.stdin_pending.empty()) {
+            job.stdin_fd.reset();
+        } else {
+            write_stdin(job.key);
+        }
+    } catch (const Error& e) {
+        signal_job(job, SIGKILL);
+        job.report = failure_report(e.what());
+        maybe_finish(key);
+    }
+}
+
+// ---- sandboxes ----
+
+uint64_t Jobs::add_session_job(int client, const std::string& session, RequestSettings settings) {
+    Job& job = new_job(client, std::move(settings));
+    job.session = session;
+    job.keep_stdin_open = true;
+    return job.key;
+}
+
+void Jobs::launch(uint64_t key) {
+    launch(jobs_.at(key));
+}
+
+// Hands the sandbox to the supervisor. A failure becomes the job's report.
+void Jobs::launch(Job& job) {
+    try {
+        SandboxConfig& config = job.settings.config;
+        job.cgroup = SandboxCgroup::plan(config);
+        std::vector<int> join_fds;
+        ResourceLimits rlimits = config.limits;
+        if (job.cgroup) {
+            job.cgroup->create();
+            join_fds = job.cgroup->join_fds();
+            drop_limits_held_by_cgroup(cgroup_held_limits(*job.cgroup), rlimits);
+        }
+        if (config.limits.cpus && (!job.cgroup || !job.cgroup->limits_cpu())) {
+            throw Error("cpus needs a cgroup with the cpu controller");
+        }
+        // The configuration can be large (code, environment): it travels in a memfd.
+        UniqueFd request(::memfd_create("sqbox-request", MFD_CLOEXEC));
+        const std::string text = json{
+            {"config", config_to_json(config)},
+            {"rlimits", limits_to_json(rlimits)},
+            {"pooled", job.pooled}}.dump();
+        if (!request || !write_all(request.get(), text.data(), text.size()) ||
+            ::lseek(request.get(), 0, SEEK_SET) != 0) {
+            throw system_error("cannot pass the request to the supervisor");
+        }
+        std::vector<int> fds = {request.get()};
+        if (job.pooled) {
+            fds.insert(fds.end(), join_fds.begin(), join_fds.end());
+            send_to_supervisor(MessageTag::kStart, {{"key", job.key}}, fds);
+            job.started = true;
+            return;
+        }
+        Pipes pipes = make_stdio_pipes();
+        fds.insert(fds.end(),
+                   {pipes.in.read_end.get(), pipes.out.write_end.get(), pipes.err.write_end.get()});
+        fds.insert(fds.end(), join_fds.begin(), join_fds.end());
+        send_to_supervisor(MessageTag::kStart, {{"key", job.key}}, fds);
+        job.started = true;
+        job.stdin_fd = std::move(pipes.in.write_end);
+        job.out.fd = std::move(pipes.out.read_end);
+        job.err.fd = std::move(pipes.err.read_end);
+        job.stdin_pending = job.settings.stdin_data;
+        if (job.stdin_pending.empty() && !job.keep_stdin_open) {
+            job.stdin_fd.reset();
+        } else {
+            write_stdin(job.key);
+        }
+    } catch (const Error& e) {
+        job.report = failure_report(e.what());
+        maybe_finish(job.key);
+    }
+}
+
+void Jobs::retire(uint64_t key) {
+    auto it = jobs_.find(key);
+    if (it == jobs_.end()) return;
+    it->second.abandoned = true;
+    it->second.stdin_fd.reset();
+    signal_job(it->second, SIGKILL);
+    // Its report still arrives and is dropped then; if it already has, drop the job now.
+    if (it->second.report || !it->second.started) jobs_.erase(it);
+}
+
+// ---- stdio ----
+
+bool Jobs::feed_stdin(uint64_t key, const std::string& bytes) {
+    Job& job = jobs_.at(key);
+    if (job.stdin_pending.size() > kMaxRequestBytes) return false;
+    job.stdin_pending += bytes;
+    write_stdin(key);
+    return true;
+}
+
+void Jobs::write_stdin(uint64_t key) {
+    auto it = jobs_.find(key);
+    if (it == jobs_.end()) return;
+    Job& job = it->second;
+    while (job.stdin_fd && !job.stdin_pending.empty()) {
+        const ssize_t n =
+            ::write(job.stdin_fd.get(), job.stdin_pending.data(), job.stdin_pending.size());
+        if (n > 0) {
+            job.stdin_pending.erase(0, static_cast<size_t>(n));
+            continue;
+        }
+        if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+        job.stdin_fd.reset();  // the payload closed its stdin
+        job.stdin_pending.clear();
+    }
+    if (job.stdin_pending.empty() && !job.keep_stdin_open) job.stdin_fd.reset();
+}
+
+void Jobs::read_output(uint64_t key, bool stdout_stream) {
+    auto it = jobs_.find(key);
+    if (it == jobs_.end()) return;
+    Job& job = it->second;
+    Capture& capture = stdout_stream ? job.out : job.err;
+    std::string& buffer = read_buffer_;
+    const ssize_t n = ::read(capture.fd.get(), buffer.data(), buffer.size());
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (n <= 0) {
+        capture.fd.reset();
+        if (!job.session.empty() && stdout_stream) events_.session_output_closed(job);
+        maybe_finish(key);
+        return;
+    }
+    const std::string_view chunk(buffer.data(), static_cast<size_t>(n));
+    if (!job.session.empty()) {
+        if (stdout_stream) {
+            events_.session_output(job, chunk);
+        } else {
+            events_.session_log(job, chunk);
+        }
+        return;
+    }
+    const uint64_t room =
+        capture.limit > capture.data.size() ? capture.limit - capture.data.size() : 0;
+    if (chunk.size() > room) capture.truncated = true;
+    capture.data.append(chunk.substr(0, std::min<uint64_t>(room, chunk.size())));
+}
+
+void Jobs::watch(const PollWatch& watch) {
+    for (auto& [key, job] : jobs_) {
+        const uint64_t job_key = key;
+        if (job.out.fd) {
+            watch(job.out.fd.get(), POLLIN, [this, job_key](short) { read_output(job_key, true); });
+        }
+        if (job.err.fd) {
+            watch(job.err.fd.get(), POLLIN,
+                  [this, job_key](short) { read_output(job_key, false); });
+        }
+        if (job.stdin_fd && !job.stdin_pending.empty()) {
+            watch(job.stdin_fd.get(), POLLOUT, [this, job_key](short) { write_stdin(job_key); });
+        }
+    }
+}
+
+// ---- the end of a sandbox ----
+
+void Jobs::take_report(json report) {
+    const auto key = report.at("key").get<uint64_t>();
+    auto it = jobs_.find(key);
+    if (it == jobs_.end()) return;
+    it->second.report = std::move(report);
+    maybe_finish(key);
+}
+
+void Jobs::maybe_finish(uint64_t key) {
+    auto it = jobs_.find(key);
+    if (it == jobs_.end()) return;
+    Job& job = it->second;
+    if (!job.session.empty()) {
+        if (!job.report) return;
+        events_.session_sandbox_ended(job, job.report->value("error", ""));
+        jobs_.erase(it);
+        return;
+    }
+    if (job.in_pool) {
+        if (!job.report) return;
+        // Set up ahead and gone before any request: something is wrong with the defaults.
+        pool_ready_.erase(std::remove(pool_ready_.begin(), pool_ready_.end(), key),
+                          pool_ready_.end());
+        if (++pool_failures_ >= 3 && pool_enabled_) {
+            pool_enabled_ = false;
+            print_error("warning: pooled sandboxes keep failing (" +
+                        job.report->value("error", std::string("no report")) +
+                        "); the pool is off");
+        }
+        jobs_.erase(it);
+        fill_pool();
+        return;
+    }
+    if (!job.report || job.out.fd || job.err.fd) return;
+    if (!job.abandoned) events_.run_finished(job.client, run_answer(job));
+    if (job.counted) --running_runs_;
+    jobs_.erase(it);
+    start_waiting_runs();
+}
+
+json Jobs::run_answer(Job& job) {
+    const json& report = *job.report;
+    const int wait_status = report.value("wait_status", 0);
+    const bool finished =
+        report.value("payload_finished", false) && report.value("payload_started", false);
+    const bool timed_out = report.value("timed_out", false);
+    json signal = nullptr;
+    if (timed_out) {
+        signal = SIGKILL;
+    } else if (finished && WIFSIGNALED(wait_status)) {
+        signal = WTERMSIG(wait_status);
+    }
+    json answer = {{"id", job.id},
+                   {"ok", true},
+                   {"exit_code", report.value("exit_status", kExitSqboxFailure)},
+                   {"signal", signal},
+                   {"timed_out", timed_out},
+                   {"oom_killed", job.cgroup && job.cgroup->oom_killed()},
+                   {"stdout_truncated", job.out.truncated},
+                   {"stderr_truncated", job.err.truncated},
+                   {"wall_ms", static_cast<double>(report.value("wall_ns", int64_t{0})) / 1e6},
+                   {"cpu_ms", static_cast<double>(report.value("cpu_ns", int64_t{0})) / 1e6}};
+    if (job.settings.binary) {
+        answer["stdout_b64"] = base64_encode(job.out.data);
+        answer["stderr_b64"] = base64_encode(job.err.data);
+    } else {
+        answer["stdout"] = std::move(job.out.data);
+        answer["stderr"] = std::move(job.err.data);
+    }
+    const std::string error = report.value("error", "");
+    if (!error.empty() && answer["exit_code"] == kExitSqboxFailure) {
+        answer["error"] = error_object("SandboxError", error);
+    }
+    return answer;
+}
+
+}  // namespace sqbox

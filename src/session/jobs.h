@@ -1,0 +1,136 @@
+// The sandboxes of `sqbox serve`: each is a job handed to the warm supervisor (warm_supervisor.h)
+// with its configuration and stdio. Jobs feed their stdin, capture their output up to a limit,
+// and turn the supervisor's report into a run's answer. Run requests beyond --max-parallel wait
+// in order; with --pool, sandboxes are set up ahead and serve run requests that keep the
+// server's defaults. A session's sandbox is a job too; what comes of it goes to the session.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/cgroups.h"
+#include "session/protocol_lines.h"
+#include "session/request_config.h"
+#include "session/server.h"
+#include "util/fd_passing.h"
+#include "util/unique_fd.h"
+
+namespace sqbox {
+
+// What a `run` keeps of each output stream when the request sets no output_limit.
+inline constexpr uint64_t kDefaultRunOutputLimit = 16ULL * 1024 * 1024;
+
+// One output stream of a sandbox, kept up to a limit.
+struct Capture {
+    UniqueFd fd;
+    std::string data;
+    uint64_t limit = kDefaultRunOutputLimit;
+    bool truncated = false;
+};
+
+struct Job {
+    uint64_t key = 0;
+    int client = -1;
+    json id;              // the run request's id
+    std::string session;  // set for a session's sandbox
+    RequestSettings settings;
+    std::optional<SandboxCgroup> cgroup;
+    UniqueFd stdin_fd;
+    std::string stdin_pending;
+    bool keep_stdin_open = false;  // sessions: stdin is the driver's request channel
+    Capture out, err;
+    std::optional<json> report;
+    bool started = false;
+    bool pooled = false;     // set up ahead (--pool); its request comes with 'g'
+    bool in_pool = false;    // ...and still waiting for one
+    bool poolable = false;   // a run request a pooled sandbox can serve (no mounts, no own limits)
+    bool counted = false;    // holds one of the --max-parallel places
+    bool abandoned = false;  // nobody wants its result (closed session, gone client)
+};
+
+// Where what comes of the jobs goes.
+class JobEvents {
+  public:
+    // A run's answer, for its client.
+    virtual void run_finished(int client, const json& answer) = 0;
+    // A session's sandbox: its driver's stdout and stderr, the stdout's end, the sandbox's end.
+    virtual void session_output(const Job& job, std::string_view chunk) = 0;
+    virtual void session_log(const Job& job, std::string_view chunk) = 0;
+    virtual void session_output_closed(const Job& job) = 0;
+    virtual void session_sandbox_ended(const Job& job, const std::string& error) = 0;
+
+  protected:
+    ~JobEvents() = default;
+};
+
+// Registers a descriptor with the poll loop; `handler` gets its revents.
+using PollWatch = std::function<void(int fd, short events, std::function<void(short)> handler)>;
+
+class Jobs {
+  public:
+    Jobs(const ServeOptions& options, JobEvents& events);
+
+    // The supervisor's end of the channel: jobs are sent there. Not owned.
+    void connect_supervisor(int control_fd) { control_fd_ = control_fd; }
+
+    // A run request: started now, or when a --max-parallel place frees up.
+    void start_run(int client, const json& request);
+    // A session's sandbox: added first (its session learns the key), then launched.
+    uint64_t add_session_job(int client, const std::string& session, RequestSettings settings);
+    void launch(uint64_t key);
+    // Sets up sandboxes ahead until the pool is full (or off).
+    void fill_pool();
+
+    bool contains(uint64_t key) const { return jobs_.count(key) != 0; }
+    // Signals a running sandbox; no-op for one not started or already ended.
+    void signal(uint64_t key, int signal);
+    // Appends to a job's stdin; false (and nothing appended) when it holds more than a request's
+    // worth unread: its reader has stopped reading.
+    bool feed_stdin(uint64_t key, const std::string& bytes);
+    // A session's sandbox nobody wants any more: killed, its report dropped when it comes.
+    void retire(uint64_t key);
+    // The client is gone: its runs are killed and their answers dropped.
+    void abandon_runs_of(int client);
+    // A message of the supervisor's 'r': a sandbox has ended.
+    void take_report(json report);
+
+    // A run waiting or running (sessions and the pool do not count).
+    bool runs_under_way() const;
+    // The descriptors the poll loop watches for the jobs.
+    void watch(const PollWatch& watch);
+    // At the end, once the supervisor is gone: cgroups are removed now that their processes are.
+    void clear() { jobs_.clear(); }
+
+  private:
+    Job& new_job(int client, RequestSettings settings);
+    void start_waiting_runs();
+    void hand_to_pooled(Job& request);
+    void launch(Job& job);
+    void send_to_supervisor(MessageTag tag, const json& body, const std::vector<int>& fds);
+    void signal_job(const Job& job, int signal);
+    void write_stdin(uint64_t key);
+    void read_output(uint64_t key, bool stdout_stream);
+    void maybe_finish(uint64_t key);
+    json run_answer(Job& job);
+
+    const ServeOptions& options_;
+    JobEvents& events_;
+    int control_fd_ = -1;
+    unsigned max_parallel_ = 1;
+    std::string read_buffer_;
+    std::map<uint64_t, Job> jobs_;
+    std::deque<uint64_t> waiting_runs_;
+    std::deque<uint64_t> pool_ready_;
+    bool pool_enabled_ = true;
+    unsigned pool_failures_ = 0;
+    unsigned running_runs_ = 0;
+    uint64_t next_key_ = 1;
+};
+
+}  // namespace sqbox
