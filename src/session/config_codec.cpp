@@ -103,6 +103,9 @@ json config_to_json(const SandboxConfig& config) {
             {"rc_script", optional_to_json(config.rc_script)},
             {"login_shell", config.login_shell},
             {"export_image_path", config.export_image_path},
+            {"warm_up_directory", config.warm_up_directory},
+            {"use_warm_up_list", config.use_warm_up_list},
+            {"learn_warm_up", config.learn_warm_up},
             {"verbose", config.verbose}};
 }
 
@@ -135,6 +138,9 @@ SandboxConfig config_from_json(const json& value) {
     config.rc_script = optional_from_json<std::string>(value.at("rc_script"));
     config.login_shell = value.at("login_shell").get<bool>();
     config.export_image_path = value.at("export_image_path").get<std::string>();
+    config.warm_up_directory = value.at("warm_up_directory").get<std::string>();
+    config.use_warm_up_list = value.at("use_warm_up_list").get<bool>();
+    config.learn_warm_up = value.at("learn_warm_up").get<bool>();
     config.verbose = value.at("verbose").get<bool>();
     return config;
 }
