@@ -48,6 +48,8 @@ struct MountSpec {
     bool from_image = false;
     int pass = 0;        // fstab fs_passno: mounts happen in increasing order of it (stable)
     std::string origin;  // where it came from, for messages ("--mount a:b", "/etc/fstab line 3")
+
+    friend bool operator==(const MountSpec&, const MountSpec&) = default;
 };
 
 // Resource limits of one sandbox. Every run has the defaults below (documented in SECURITY.md:
@@ -60,8 +62,11 @@ struct ResourceLimits {
     std::optional<uint64_t> file_size_bytes = 1 * kGiB;  // --fsize (RLIMIT_FSIZE)
     std::optional<uint64_t> open_files = 4096;           // --nofile (RLIMIT_NOFILE)
     std::optional<double> cpus;                          // --cpus (cgroup cpu.max only)
+
+    friend bool operator==(const ResourceLimits&, const ResourceLimits&) = default;
 };
 
+// Its JSON form: sqbox/config_json.h.
 struct SandboxConfig {
     std::string image;  // a .sqsh file or a root filesystem directory
     // argv of the payload; never empty with Entrypoint::kCommand, may be empty with kEnrootRc.
@@ -127,6 +132,8 @@ struct SandboxConfig {
     bool learn_warm_up = false;
 
     bool verbose = false;
+
+    friend bool operator==(const SandboxConfig&, const SandboxConfig&) = default;
 };
 
 }  // namespace sqbox

@@ -17,6 +17,7 @@
 
 #include "cli/enroot_conf.h"
 #include "cli/enroot_settings.h"
+#include "config/config_validation.h"
 #include "image/container_store.h"
 #include "image/environment_file.h"
 #include "image/fstab.h"
@@ -495,14 +496,14 @@ int enroot_start(const std::vector<std::string>& args, EnrootSettings settings) 
     // A .sqsh starts with its warm-up list, if `sqbox run --learn-warm-up` made one.
     config.warm_up_directory = default_warm_up_directory();
 
-    // Checked before anything runs; they are mounted after the configuration's own.
-    std::vector<FstabEntry> mount_entries;
-    mount_entries.reserve(mounts.size());
-    for (const auto& mount : mounts) mount_entries.push_back(parse_mount_argument(mount));
-    static const std::regex env_syntax(R"(^[A-Za-z_][A-Za-z0-9_]*(=.*)?$)");
-    for (const auto& variable : env) {
-        if (!std::regex_match(variable, env_syntax)) throw Error("Invalid argument: " + variable);
+    // Checked before anything runs; they come after the configuration's own.
+    std::vector<MountSpec> option_mounts;
+    for (const auto& mount : mounts) {
+        if (auto spec = enroot_mount_option(mount)) option_mounts.push_back(std::move(*spec));
     }
+    std::vector<std::pair<std::string, std::string>> option_environment;
+    option_environment.reserve(env.size());
+    for (const auto& variable : env) option_environment.push_back(enroot_env_option(variable));
     std::string rc_script;
     const bool has_rc_file = !rc_path.empty();
     if (has_rc_file) rc_script = read_rc_file(rc_path);
@@ -534,20 +535,9 @@ int enroot_start(const std::vector<std::string>& args, EnrootSettings settings) 
         }
         if (output.rc) config.rc_script = *output.rc;
     }
-    for (const auto& entry : mount_entries) {
-        if (auto spec = mount_spec_from_fstab(entry, HostSources::kAllowed)) {
-            config.mounts.push_back(std::move(*spec));
-        }
-    }
-    for (const auto& variable : env) {
-        size_t equals = variable.find('=');
-        if (equals != std::string::npos) {
-            config.environment.emplace_back(variable.substr(0, equals),
-                                            variable.substr(equals + 1));
-        } else {
-            config.environment.emplace_back(variable, caller_variable(variable).value_or(""));
-        }
-    }
+    config.mounts.insert(config.mounts.end(), option_mounts.begin(), option_mounts.end());
+    config.environment.insert(config.environment.end(), option_environment.begin(),
+                              option_environment.end());
     if (has_rc_file) config.rc_script = rc_script;
 
     std::optional<ContainerLock> lock;
@@ -582,6 +572,22 @@ int dispatch(const std::vector<std::string>& args, const EnrootSettings& setting
 }
 
 }  // namespace
+
+std::optional<MountSpec> enroot_mount_option(const std::string& argument) {
+    return mount_spec_from_fstab(parse_mount_argument(argument), HostSources::kAllowed);
+}
+
+std::pair<std::string, std::string> enroot_env_option(const std::string& argument) {
+    std::pair<std::string, std::optional<std::string>> assignment;
+    try {
+        assignment = validate::variable_assignment(argument, "--env " + argument);
+    } catch (const Error&) {
+        throw Error("Invalid argument: " + argument);  // enroot's own words for it
+    }
+    auto& [name, value] = assignment;
+    if (!value) value = caller_variable(name).value_or("");
+    return {std::move(name), std::move(*value)};
+}
 
 int enroot_main(const std::string& program, const std::vector<std::string>& args) {
     try {

@@ -7,54 +7,19 @@
 #include <filesystem>
 
 #include "cli/result_json.h"
-#include "image/environment_file.h"
-#include "runtime/rooted_path.h"
+#include "config/config_validation.h"
 #include "sqbox/sandbox.h"
 #include "util/errors.h"
-#include "util/sizes.h"
 #include "warm_up/warm_up.h"
 
 namespace sqbox::cli {
 namespace {
 
-std::string canonical_host_path(const std::string& path, const std::string& what) {
-    std::error_code ec;
-    std::filesystem::path canonical = std::filesystem::canonical(path, ec);
-    if (ec) throw Error(what + ": " + path + ": " + ec.message());
-    return canonical.string();
-}
-
-std::string normalised_sandbox_path(const std::string& path, const std::string& what) {
-    if (path.empty() || path.front() != '/') {
-        throw Error(what + ": " + (path.empty() ? "empty path" : path) +
-                    " must be an absolute path inside the sandbox");
-    }
-    std::string normalised;
-    for (const auto& part : path_components(path, what)) normalised += "/" + part;
-    return normalised.empty() ? "/" : normalised;
-}
-
 std::pair<std::string, std::string> parse_env_option(const std::string& value) {
-    size_t equals = value.find('=');
-    std::string key = value.substr(0, equals);
-    if (!is_valid_variable_name(key)) {
-        throw Error("--env " + value + ": invalid variable name '" + key + "'");
-    }
-    if (equals != std::string::npos) return {key, value.substr(equals + 1)};
-    const char* from_caller = std::getenv(key.c_str());
-    if (from_caller == nullptr) return {key, std::string()};
-    return {key, from_caller};
-}
-
-// A limit: a size or count, or "unlimited".
-std::optional<uint64_t> size_limit(const std::string& text, const std::string& option) {
-    if (text == "unlimited") return std::nullopt;
-    return parse_size(text, option);
-}
-
-std::optional<uint64_t> count_limit(const std::string& text, const std::string& option) {
-    if (text == "unlimited") return std::nullopt;
-    return parse_count(text, option);
+    auto [name, assigned] = validate::variable_assignment(value, "--env " + value);
+    if (assigned) return {std::move(name), std::move(*assigned)};
+    const char* from_caller = std::getenv(name.c_str());
+    return {name, from_caller == nullptr ? std::string() : std::string(from_caller)};
 }
 
 }  // namespace
@@ -144,23 +109,20 @@ MountSpec parse_mount_option(const std::string& value) {
     size_t first = value.find(':');
     if (first == std::string::npos) throw Error(what + ": expected SRC:DST[:ro|rw]");
     size_t second = value.find(':', first + 1);
-    MountSpec mount;
-    mount.origin = what;
     std::string source = value.substr(0, first);
     std::string destination = value.substr(
         first + 1, second == std::string::npos ? std::string::npos : second - first - 1);
+    bool read_only = false;
     if (second != std::string::npos) {
         std::string mode = value.substr(second + 1);
         if (mode == "ro") {
-            mount.read_only = true;
+            read_only = true;
         } else if (mode != "rw") {
             throw Error(what + ": unknown mode '" + mode + "' (expected ro or rw)");
         }
     }
-    if (source.empty()) throw Error(what + ": empty source path");
-    mount.source = canonical_host_path(source, what);
-    mount.destination = normalised_sandbox_path(destination, what);
-    if (mount.destination == "/") throw Error(what + ": cannot mount over the sandbox's root");
+    MountSpec mount = validate::host_bind_mount(source, destination, read_only, what);
+    mount.origin = what;
     return mount;
 }
 
@@ -173,15 +135,12 @@ RunOptions build_run_options(const RunArguments& args) {
     std::filesystem::path image = std::filesystem::absolute(args.image, ec);
     if (ec) throw Error("image " + args.image + ": " + ec.message());
     config.image = std::filesystem::is_directory(image, ec)
-                       ? canonical_host_path(image.string(), "image")
+                       ? validate::host_path(image.string(), "image")
                        : image.lexically_normal().string();
     for (const auto& value : args.mounts) config.mounts.push_back(parse_mount_option(value));
     for (const auto& value : args.env) config.environment.push_back(parse_env_option(value));
-    config.workdir = normalised_sandbox_path(args.workdir, "--workdir");
-    if (args.hostname.empty() || args.hostname.size() > 64) {
-        throw Error("--hostname: must be 1 to 64 characters");
-    }
-    config.hostname = args.hostname;
+    config.workdir = validate::working_directory(args.workdir, "--workdir");
+    config.hostname = validate::hostname(args.hostname, "--hostname");
     config.map_root = args.map_root;
     config.read_only_root = args.read_only;
     config.verbose = args.verbose;
@@ -190,25 +149,28 @@ RunOptions build_run_options(const RunArguments& args) {
     config.use_warm_up_list = !args.no_warm_up;
     config.warm_up_directory = default_warm_up_directory();
     if (!args.tmpfs_size.empty()) {
-        config.tmpfs_size_bytes = parse_size(args.tmpfs_size, "--tmpfs-size");
+        config.tmpfs_size_bytes = validate::tmpfs_size(args.tmpfs_size, "--tmpfs-size");
     }
-    if (!args.timeout.empty()) config.timeout_seconds = parse_seconds(args.timeout, "--timeout");
-    if (!args.cpu_time.empty()) {
-        config.limits.cpu_seconds = parse_count(args.cpu_time, "--cpu-time");
+    if (!args.timeout.empty()) {
+        config.timeout_seconds = validate::timeout_seconds(args.timeout, "--timeout");
     }
     ResourceLimits& limits = config.limits;
-    if (!args.memory.empty()) limits.memory_bytes = size_limit(args.memory, "--memory");
-    if (!args.pids.empty()) limits.processes = count_limit(args.pids, "--pids");
-    if (!args.fsize.empty()) limits.file_size_bytes = size_limit(args.fsize, "--fsize");
-    if (!args.nofile.empty()) limits.open_files = count_limit(args.nofile, "--nofile");
-    if (!args.cpus.empty()) {
-        limits.cpus = parse_cpus(args.cpus, "--cpus");
+    if (!args.cpu_time.empty()) {
+        limits.cpu_seconds = validate::cpu_time_limit(args.cpu_time, "--cpu-time");
     }
-    if (!args.cgroup.empty()) config.cgroup_parent = canonical_host_path(args.cgroup, "--cgroup");
-    if (args.seccomp.empty()) throw Error("--seccomp: empty profile name");
-    config.seccomp_profile = args.seccomp;
+    if (!args.memory.empty()) limits.memory_bytes = validate::memory_limit(args.memory, "--memory");
+    if (!args.pids.empty()) limits.processes = validate::process_limit(args.pids, "--pids");
+    if (!args.fsize.empty()) {
+        limits.file_size_bytes = validate::file_size_limit(args.fsize, "--fsize");
+    }
+    if (!args.nofile.empty()) {
+        limits.open_files = validate::open_files_limit(args.nofile, "--nofile");
+    }
+    if (!args.cpus.empty()) limits.cpus = validate::cpu_share(args.cpus, "--cpus");
+    if (!args.cgroup.empty()) config.cgroup_parent = validate::host_path(args.cgroup, "--cgroup");
+    config.seccomp_profile = validate::seccomp_profile(args.seccomp, "--seccomp");
     if (!args.output_limit.empty()) {
-        config.output_limit_bytes = parse_size(args.output_limit, "--output-limit", true);
+        config.output_limit_bytes = validate::output_limit(args.output_limit, "--output-limit");
     }
     config.outside_uid = ::geteuid();
     config.outside_gid = ::getegid();

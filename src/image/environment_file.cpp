@@ -17,11 +17,6 @@ std::string_view trim(std::string_view text) {
     return text;
 }
 
-bool is_name_char(char c, bool first) {
-    return c == '_' || std::isalpha(static_cast<unsigned char>(c)) ||
-           (!first && std::isdigit(static_cast<unsigned char>(c)));
-}
-
 std::string substitute(std::string_view value, const VariableLookup& lookup,
                        const std::string& where) {
     std::string out;
@@ -79,14 +74,6 @@ std::string substitute_braced_variables(std::string_view line, const VariableLoo
         out += line[i++];
     }
     return out;
-}
-
-bool is_valid_variable_name(std::string_view name) {
-    if (name.empty() || !is_name_char(name.front(), true)) return false;
-    for (char c : name.substr(1)) {
-        if (!is_name_char(c, false)) return false;
-    }
-    return true;
 }
 
 EnvironmentEntries parse_environment_file(std::string_view content, const std::string& source_name,

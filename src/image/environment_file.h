@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "util/variable_names.h"
+
 namespace sqbox {
 
 using EnvironmentEntries = std::vector<std::pair<std::string, std::string>>;
@@ -25,8 +27,5 @@ EnvironmentEntries parse_environment_file(std::string_view content, const std::s
 // enroot's rule for its fstab and configuration files: only the braced form ${NAME} is a
 // reference (replaced through `lookup`, unset: empty); everything else is kept as it is.
 std::string substitute_braced_variables(std::string_view text, const VariableLookup& lookup);
-
-// True for a valid variable name ([A-Za-z_][A-Za-z0-9_]*).
-bool is_valid_variable_name(std::string_view name);
 
 }  // namespace sqbox

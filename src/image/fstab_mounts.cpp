@@ -1,9 +1,9 @@
 #include "image/fstab_mounts.h"
 
 #include <array>
-#include <filesystem>
 #include <string_view>
 
+#include "config/config_validation.h"
 #include "util/errors.h"
 
 namespace sqbox {
@@ -35,37 +35,30 @@ bool starts_with_marker(const std::string& path) {
     return path.rfind(kRootfsMarker, 0) == 0;
 }
 
-// A path inside the sandbox, absolute and without "." components. ".." is refused later, by the
-// resolver that walks it.
-std::string sandbox_path(std::string path) {
+// enroot's paths inside the container are relative to its root, with or without a leading "/" or
+// ${ENROOT_ROOTFS}; from there on they are sandbox paths like any front end's.
+std::string rooted(std::string path) {
     if (starts_with_marker(path)) path.erase(0, std::string_view(kRootfsMarker).size());
-    std::string normalised;
-    size_t start = 0;
-    while (start <= path.size()) {
-        size_t slash = path.find('/', start);
-        if (slash == std::string::npos) slash = path.size();
-        std::string part = path.substr(start, slash - start);
-        if (!part.empty() && part != ".") normalised += "/" + part;
-        start = slash + 1;
-    }
-    return normalised.empty() ? "/" : normalised;
+    if (path.empty() || path.front() != '/') path.insert(0, "/");
+    return path;
+}
+
+std::string sandbox_path(const std::string& path, const std::string& origin) {
+    return validate::sandbox_path(rooted(path), origin);
 }
 
 void set_source(MountSpec& spec, const FstabEntry& entry, HostSources host_sources) {
     if (starts_with_marker(entry.source)) {
         spec.source_in = MountSpec::SourceIn::kSandbox;
-        spec.source = sandbox_path(entry.source);
+        spec.source = sandbox_path(entry.source, entry.origin);
         return;
     }
     if (host_sources == HostSources::kRefused) {
         throw Error(entry.origin + ": refusing to mount host path " + entry.source +
                     ": an image may not mount host paths (pass it with --mount if you mean it)");
     }
-    std::error_code ec;
-    std::filesystem::path canonical = std::filesystem::canonical(entry.source, ec);
-    if (ec) throw Error(entry.origin + ": " + entry.source + ": " + ec.message());
     spec.source_in = MountSpec::SourceIn::kHost;
-    spec.source = canonical.string();
+    spec.source = validate::host_mount_source(entry.source, entry.origin);
 }
 
 bool is_at_or_below(const std::string& path, std::string_view top) {
@@ -102,7 +95,7 @@ std::optional<MountSpec> mount_spec_from_fstab(const FstabEntry& entry, HostSour
     spec.origin = entry.origin;
     spec.pass = entry.pass;
     spec.from_image = host_sources == HostSources::kRefused;
-    spec.destination = sandbox_path(entry.target);
+    spec.destination = sandbox_path(entry.target, entry.origin);
     spec.create = MountSpec::Create::kNever;
 
     bool bind = false;
@@ -148,7 +141,13 @@ std::optional<MountSpec> mount_spec_from_fstab(const FstabEntry& entry, HostSour
         if (host_sources == HostSources::kRefused) refuse_system_mount_changes(spec);
         return spec;
     }
+    // What mounts something may not mount it over the root (an entry that only changes the
+    // propagation of "/" is fine, and the runtime refuses to detach it).
+    auto check_destination = [&] {
+        spec.destination = validate::mount_destination(spec.destination, entry.origin);
+    };
     if (entry.type == "tmpfs") {
+        check_destination();
         spec.kind = MountSpec::Kind::kTmpfs;
         if (spec.create == MountSpec::Create::kAuto) spec.create = MountSpec::Create::kDirectory;
         return spec;
@@ -164,8 +163,9 @@ std::optional<MountSpec> mount_spec_from_fstab(const FstabEntry& entry, HostSour
         }
         spec.kind = MountSpec::Kind::kMove;
         spec.source_in = MountSpec::SourceIn::kSandbox;
-        spec.source = sandbox_path(entry.source);
+        spec.source = sandbox_path(entry.source, entry.origin);
         if (host_sources == HostSources::kRefused) refuse_system_mount_changes(spec);
+        check_destination();
         return spec;
     }
     if (!bind) return std::nullopt;  // propagation changes only
@@ -173,6 +173,7 @@ std::optional<MountSpec> mount_spec_from_fstab(const FstabEntry& entry, HostSour
     spec.recursive = recursive;
     set_source(spec, entry, host_sources);
     if (host_sources == HostSources::kRefused) refuse_system_mount_changes(spec);
+    check_destination();
     return spec;
 }
 

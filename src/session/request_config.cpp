@@ -1,12 +1,10 @@
 #include "session/request_config.h"
 
 #include <array>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "image/environment_file.h"
+#include "config/config_validation.h"
 #include "util/errors.h"
-#include "util/sizes.h"
 
 namespace sqbox {
 namespace {
@@ -16,46 +14,18 @@ using json = nlohmann::ordered_json;
 constexpr std::string_view kBase64Alphabet =
     "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
-// A size or count may be given as a number or as text ("512M").
-std::string quantity_text(const json& value, const std::string& field) {
-    if (value.is_number_unsigned() || value.is_number_integer()) {
-        if (value.is_number_integer() && value.get<int64_t>() < 0) {
-            throw Error(field + ": must not be negative");
-        }
-        return std::to_string(value.get<uint64_t>());
-    }
-    if (value.is_string()) return value.get<std::string>();
-    throw Error(field + ": expected a number or a size such as \"512M\"");
-}
-
-double seconds(const json& value, const std::string& field) {
-    // At most a week: longer would overflow the deadline arithmetic.
-    constexpr double kMaxSeconds = 7 * 24 * 3600;
-    if (!value.is_number() || !(value.get<double>() > 0) || value.get<double>() > kMaxSeconds) {
-        throw Error(field + ": expected a positive number of seconds, at most a week");
-    }
-    return value.get<double>();
-}
-
-std::string absolute_sandbox_path(const std::string& path, const std::string& field) {
-    if (path.empty() || path.front() != '/') {
-        throw Error(field + ": " + path + " must be an absolute path inside the sandbox");
-    }
-    return std::filesystem::path(path).lexically_normal().string();
+// The text of a size, count or time: a string as it is, anything else as JSON ("512", "1.5",
+// "true"); the shared rules then accept or refuse it as they do `sqbox run`'s option.
+std::string value_text(const json& value) {
+    return value.is_string() ? value.get<std::string>() : value.dump();
 }
 
 MountSpec mount_from_request(const json& value) {
     if (!value.is_object()) throw Error("mounts: each mount is an object {source, target}");
-    MountSpec mount;
     const std::string source = value.at("source").get<std::string>();
+    MountSpec mount = validate::host_bind_mount(source, value.at("target").get<std::string>(),
+                                                value.value("read_only", false), "mounts");
     mount.origin = "mount " + source;
-    std::error_code ec;
-    std::filesystem::path canonical = std::filesystem::canonical(source, ec);
-    if (ec) throw Error("mounts: " + source + ": " + ec.message());
-    mount.source = canonical.string();
-    mount.destination = absolute_sandbox_path(value.at("target").get<std::string>(), "mounts");
-    if (mount.destination == "/") throw Error("mounts: cannot mount over the sandbox's root");
-    mount.read_only = value.value("read_only", false);
     return mount;
 }
 
@@ -143,7 +113,7 @@ RequestSettings settings_from_request(const json& request, const SandboxConfig& 
         }
         if (request.contains("env")) {
             for (const auto& [key, value] : request.at("env").items()) {
-                if (!is_valid_variable_name(key)) throw Error("env: invalid name '" + key + "'");
+                validate::check_variable_name(key, "env");
                 config.environment.emplace_back(key, value.get<std::string>());
             }
         }
@@ -154,26 +124,28 @@ RequestSettings settings_from_request(const json& request, const SandboxConfig& 
         }
         if (request.contains("workdir")) {
             config.workdir =
-                absolute_sandbox_path(request.at("workdir").get<std::string>(), "workdir");
+                validate::working_directory(request.at("workdir").get<std::string>(), "workdir");
         }
         if (request.contains("timeout")) {
-            config.timeout_seconds = seconds(request.at("timeout"), "timeout");
+            // A number of seconds: a string is not one, even "10" ("\"10\"" is refused).
+            config.timeout_seconds =
+                validate::timeout_seconds(request.at("timeout").dump(), "timeout");
         }
         if (request.contains("cpu_time")) {
             config.limits.cpu_seconds =
-                static_cast<uint64_t>(std::max(1.0, seconds(request.at("cpu_time"), "cpu_time")));
+                validate::cpu_time_limit(request.at("cpu_time").dump(), "cpu_time");
         }
         if (request.contains("memory")) {
             config.limits.memory_bytes =
-                parse_size(quantity_text(request.at("memory"), "memory"), "memory");
+                validate::memory_limit(value_text(request.at("memory")), "memory");
         }
         if (request.contains("pids")) {
             config.limits.processes =
-                parse_count(quantity_text(request.at("pids"), "pids"), "pids");
+                validate::process_limit(value_text(request.at("pids")), "pids");
         }
         if (request.contains("output_limit")) {
-            config.output_limit_bytes = parse_size(
-                quantity_text(request.at("output_limit"), "output_limit"), "output_limit", true);
+            config.output_limit_bytes =
+                validate::output_limit(value_text(request.at("output_limit")), "output_limit");
         }
         settings.binary = request.value("binary", false);
     } catch (const json::exception& e) {

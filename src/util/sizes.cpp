@@ -112,7 +112,11 @@ double parse_cpus(const std::string& text, const std::string& option) {
 }
 
 double parse_seconds(const std::string& text, const std::string& option) {
-    return parse_positive_decimal(text, option, "s", "a positive number of seconds", 1e9);
+    // At most a week: `sqbox serve` waits for deadlines in int milliseconds (poll), which a
+    // longer time would overflow.
+    constexpr double kWeek = 7 * 24 * 3600;
+    return parse_positive_decimal(text, option, "s", "a positive number of seconds, at most a week",
+                                  kWeek);
 }
 
 }  // namespace sqbox

@@ -13,7 +13,8 @@ uint64_t parse_size(const std::string& text, const std::string& option, bool all
 // A positive whole number ("100"); throws Error naming `option` otherwise.
 uint64_t parse_count(const std::string& text, const std::string& option);
 
-// Positive seconds, fractional allowed ("2.5"); throws Error naming `option` otherwise.
+// Positive seconds up to a week, fractional allowed ("2.5", "2.5s"); throws Error naming `option`
+// otherwise.
 double parse_seconds(const std::string& text, const std::string& option);
 
 // A positive number of CPUs, fractional allowed ("0.5"); throws Error naming `option` otherwise.
