@@ -238,7 +238,7 @@ void enter_own_user_namespace(const std::pair<uid_t, gid_t>& ids) {
 }
 
 bool starts_payload_early(const SandboxPlan& plan) {
-    return plan.payload_may_start_early && !plan.pooled && !plan.config->tty;
+    return plan.seccomp_before_root_ready && !plan.pooled && !plan.config->tty;
 }
 
 SandboxPty open_terminal_if_asked(const SandboxConfig& config, int channel) {

@@ -23,7 +23,7 @@ struct PayloadContext {
     const SandboxPlan* plan = nullptr;
     // A StageReport on failure; close-on-exec, so silence means the command was executed.
     int status_fd = -1;
-    // Started early (SandboxPlan::payload_may_start_early): where init sends kRootReady once the
+    // Started early (init.h: starts_payload_early): where init sends kRootReady once the
     // root is complete; -1 when the root was complete before the payload started.
     int ready_fd = -1;
     int terminal_fd = -1;  // --tty: becomes the controlling terminal and 0-2; -1 keeps stdio

@@ -255,7 +255,7 @@ void run_payload(const PayloadContext& context) {
         // 4. Every capability, securebits locked, no_new_privs.
         drop_all_privileges();
         // 5. seccomp now if the profile is sqbox's own: it allows every later step.
-        if (plan.payload_may_start_early && plan.seccomp) install_seccomp_filter(*plan.seccomp);
+        if (plan.seccomp_before_root_ready && plan.seccomp) install_seccomp_filter(*plan.seccomp);
     } catch (const Error& e) {
         early_failure = e.what();
     }
@@ -271,7 +271,7 @@ void run_payload(const PayloadContext& context) {
         // 9. Only stdio (and the rc script's descriptor) survive exec.
         close_descriptors_at_exec(rc_fd.get());
         // 10. seccomp last for a profile from a file, which may refuse any step above.
-        if (!plan.payload_may_start_early && plan.seccomp) install_seccomp_filter(*plan.seccomp);
+        if (!plan.seccomp_before_root_ready && plan.seccomp) install_seccomp_filter(*plan.seccomp);
     } catch (const Error& e) {
         fail_stage(context.status_fd, kExitSqboxFailure, e.what());
     }

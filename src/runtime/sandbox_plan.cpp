@@ -10,7 +10,7 @@ SandboxPlan build_sandbox_plan(const SandboxConfig& config) {
     plan.config = &config;
     plan.seccomp = prepare_seccomp(config.seccomp_profile);
     plan.landlock_abi = landlock_abi_version();
-    plan.payload_may_start_early = allows_early_payload_start(config.seccomp_profile);
+    plan.seccomp_before_root_ready = allows_seccomp_before_root_ready(config.seccomp_profile);
     plan.rlimits = config.limits;
     return plan;
 }

@@ -18,12 +18,11 @@ struct SandboxPlan {
     const SandboxConfig* config = nullptr;
     std::optional<SeccompFilter> seccomp;  // nullopt: --seccomp none
     int landlock_abi = 0;                  // 0: Landlock unavailable, not applied
-    // Init may start the payload while it still builds the root, so that the payload's own set-up
-    // (its process, dropping privileges, compiling the seccomp filter into the kernel) overlaps
-    // with that: the profile is one of sqbox's own, which allow every call the payload makes
-    // once its filter is in place (payload.h), or none. Init also needs a plain run: not pooled,
-    // no --tty.
-    bool payload_may_start_early = false;
+    // The profile is one of sqbox's own (or none), which allow every call the payload makes once
+    // its filter is in place: the payload installs the filter before the root is ready, and in a
+    // plain run (not pooled, no --tty) init starts it while it still builds the root, so that the
+    // payload's own set-up overlaps with that. A profile from a file goes in last.
+    bool seccomp_before_root_ready = false;
     ResourceLimits rlimits;   // what the payload applies with setrlimit(2)
     int diagnostics_fd = -1;  // where sqbox's own messages go (stderr when -1)
     // The payload's stdin, stdout and stderr when they are not the process's own 0-2 (sqbox

@@ -11,7 +11,7 @@ SeccompProfile load_seccomp_profile(const std::string& name_or_path) {
     return load_seccomp_profile_file(name_or_path);
 }
 
-bool allows_early_payload_start(const std::string& choice) {
+bool allows_seccomp_before_root_ready(const std::string& choice) {
     return choice == "none" || find_builtin_seccomp_profile(choice) != nullptr;
 }
 

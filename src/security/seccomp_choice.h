@@ -15,9 +15,9 @@ SeccompProfile load_seccomp_profile(const std::string& name_or_path);
 // The compiled filter for --seccomp `choice`; nullopt for "none" (after a warning on stderr).
 std::optional<SeccompFilter> prepare_seccomp(const std::string& choice);
 
-// Whether `choice` is one of sqbox's own profiles or "none": then the payload may be started
-// before its root is ready (SandboxPlan::payload_may_start_early), as these profiles allow every
-// call it makes once its filter is in place; a profile from a file may refuse any of them.
-bool allows_early_payload_start(const std::string& choice);
+// Whether `choice` is one of sqbox's own profiles or "none": then the payload may install its
+// filter before its root is ready (SandboxPlan::seccomp_before_root_ready), as these profiles
+// allow every call it makes once the filter is in place; a profile from a file may refuse any.
+bool allows_seccomp_before_root_ready(const std::string& choice);
 
 }  // namespace sqbox
