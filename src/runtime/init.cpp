@@ -62,10 +62,10 @@ void enter_sandbox_cgroup(int channel, ResourceLimits& rlimits) {
     if (::unshare(CLONE_NEWCGROUP) != 0) throw system_error("unshare(CLONE_NEWCGROUP)");
 }
 
-void take_mount_namespace_when_image_ready(int image_ready_fd) {
+void take_mount_namespace_when_image_ready(UniqueFd image_ready) {
     char ready = 0;
-    if (read_full(image_ready_fd, &ready, 1) != 1) ::_exit(kExitSqboxFailure);
-    (void)::close(image_ready_fd);
+    if (read_full(image_ready.get(), &ready, 1) != 1) ::_exit(kExitSqboxFailure);
+    image_ready.reset();
     if (::unshare(CLONE_NEWNS) != 0) throw system_error("unshare(CLONE_NEWNS)");
 }
 
@@ -134,19 +134,22 @@ StageReport supervise_payload(pid_t payload) {
 
 // Forks the payload once the root is complete.
 void keep_only_init_descriptors(const InitContext& context) {
-    const SandboxPlan& plan = *context.plan;
-    close_fds_except({context.report_fd, context.lifeline_fd, context.image_ready_fd,
-                      plan.channel_fd, plan.diagnostics_fd, plan.stdio_fds[0], plan.stdio_fds[1],
-                      plan.stdio_fds[2]});
+    close_fds_except({context.report.get(), context.lifeline.get(), context.image_ready.get(),
+                      context.channel.get(), diagnostics_fd(), context.stdio[0].get(),
+                      context.stdio[1].get(), context.stdio[2].get()});
 }
 
-PayloadProcess start_payload(const SandboxPlan& plan, int terminal_fd) {
+PayloadProcess start_payload(const SandboxPlan& plan, UniqueFd terminal) {
     Pipe exec_status = make_pipe("exec status");
     const pid_t pid = ::fork();
     if (pid < 0) throw system_error("cannot start the payload");
     if (pid == 0) {
-        close_fds_except({exec_status.write_end.get(), terminal_fd, plan.diagnostics_fd});
-        run_payload({&plan, exec_status.write_end.get(), -1, terminal_fd});
+        close_fds_except({exec_status.write_end.get(), terminal.get(), diagnostics_fd()});
+        PayloadContext payload;
+        payload.plan = &plan;
+        payload.status = std::move(exec_status.write_end);
+        payload.terminal = std::move(terminal);
+        run_payload(std::move(payload));
     }
     return {pid, std::move(exec_status.read_end), UniqueFd()};
 }
@@ -167,8 +170,12 @@ PayloadProcess start_payload_early(const SandboxPlan& plan) {
     const pid_t pid = ::fork();
     if (pid < 0) throw system_error("cannot start the payload");
     if (pid == 0) {
-        close_fds_except({exec_status.write_end.get(), ready_payload.get(), plan.diagnostics_fd});
-        run_payload({&plan, exec_status.write_end.get(), ready_payload.get(), -1});
+        close_fds_except({exec_status.write_end.get(), ready_payload.get(), diagnostics_fd()});
+        PayloadContext payload;
+        payload.plan = &plan;
+        payload.status = std::move(exec_status.write_end);
+        payload.ready = std::move(ready_payload);
+        run_payload(std::move(payload));
     }
     return {pid, std::move(exec_status.read_end), std::move(ready_init)};
 }
@@ -182,23 +189,25 @@ void export_root(const InitContext& context, const SandboxConfig& config) {
         write_squashfs_image(root.root.get(), std::string(kOldRootDir) + config.export_image_path,
                              {});
     } catch (const Error& e) {
-        fail_stage(context.report_fd, kExitSqboxFailure, e.what());
+        fail_stage(context.report.get(), kExitSqboxFailure, e.what());
     }
-    send_report(context.report_fd, StageReport{});
+    send_report(context.report.get(), StageReport{});
     ::_exit(0);
 }
 
-void adopt_request_stdio(const InitContext& context) {
-    const SandboxPlan& plan = *context.plan;
-    if (plan.stdio_fds[0] < 0 && !plan.pooled) return;
-    if (plan.stdio_fds[0] >= 0) {
-        for (int fd = 0; fd < 3; ++fd) {
-            if (::dup2(plan.stdio_fds[static_cast<size_t>(fd)], fd) < 0) {
-                throw system_error("cannot set up the sandbox's stdio");
-            }
+void adopt_request_stdio(InitContext& context) {
+    if (!context.stdio[0] && !context.plan->pooled) return;
+    for (int fd = 0; fd < 3; ++fd) {
+        UniqueFd& source = context.stdio.at(static_cast<size_t>(fd));
+        if (!source) continue;
+        if (::dup2(source.get(), fd) < 0) throw system_error("cannot set up the sandbox's stdio");
+        if (source.get() == fd) {
+            (void)source.release();  // it already was in its place: 0-2 are not closed
+        } else {
+            source.reset();
         }
     }
-    close_fds_except({context.report_fd, context.lifeline_fd, plan.channel_fd});
+    close_fds_except({context.report.get(), context.lifeline.get(), context.channel.get()});
 }
 
 void await_request(int channel, SandboxConfig& config, SandboxPlan& plan) {

@@ -3,6 +3,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <chrono>
 #include <utility>
 
@@ -14,14 +15,23 @@
 
 namespace sqbox {
 
+// What init gets from the supervisor (or sqbox serve's). It owns the descriptors, and keeps no
+// other: each closes once init is done with it, before the payload exists.
 struct InitContext {
     const SandboxPlan* plan = nullptr;
-    int report_fd = -1;    // StageReport to the supervisor
-    int lifeline_fd = -1;  // read end of a pipe the supervisor holds open: EOF = supervisor gone
+    UniqueFd report;    // StageReport to the supervisor
+    UniqueFd lifeline;  // read end of a pipe the supervisor holds open: EOF = supervisor gone
     // sqbox run: init is started before the image is mounted, in the supervisor's mount namespace;
     // one byte here says the image is ready, and init takes its own copy of the mount namespace.
-    // -1: init was cloned into its own mount namespace with the image already there.
-    int image_ready_fd = -1;
+    // None: init was cloned into its own mount namespace with the image already there.
+    UniqueFd image_ready;
+    // A SOCK_SEQPACKET channel to the launcher (or sqbox serve's supervisor): init first receives
+    // the files that move it into the sandbox's cgroup (MessageTag::kCgroup, or kCgroupError);
+    // a pooled sandbox then its request (kGo); with --tty it sends the terminal's master.
+    UniqueFd channel;
+    // sqbox serve: the request's stdin, stdout and stderr (none for sqbox run or a pooled
+    // sandbox); init moves them to 0-2.
+    std::array<UniqueFd, 3> stdio;
 };
 
 // Runs as the first process of fresh pid, mount, network, ipc, uts and cgroup namespaces: creates
@@ -29,15 +39,14 @@ struct InitContext {
 // then starts the payload, forwards SIGINT/SIGTERM/SIGHUP/SIGQUIT to it, reaps every orphan, and
 // reports how the payload ended. Its exit takes every remaining process of the sandbox with it.
 // Defined in runtime/pipeline.cpp.
-[[noreturn]] void run_init(const InitContext& context);
+[[noreturn]] void run_init(InitContext context);
 
 // getppid() is 0 in init (the parent lives outside the pid namespace), so the usual race check
 // after PR_SET_PDEATHSIG uses the lifeline pipe instead. Also makes init non-dumpable: the payload
 // runs with the same uid and must not open /proc/1/{exe,mem,fd,...}.
 void die_with_supervisor(int lifeline_fd);
 
-// Closes every descriptor init inherited but its own: its channels, the plan's stdio and
-// diagnostics, 0-2.
+// Closes every descriptor init inherited but its own: its context's, sqbox's diagnostics, 0-2.
 void keep_only_init_descriptors(const InitContext& context);
 
 // sqbox serve: init is in a user namespace of its own (SandboxPlan::own_user_namespace) and maps
@@ -47,11 +56,11 @@ void enter_own_user_namespace(const std::pair<uid_t, gid_t>& ids);
 // sqbox run starts init while the supervisor still mounts the image: waits for its word, then
 // leaves the supervisor's mount namespace for a copy of it. EOF means the supervisor failed, and
 // its own report says why.
-void take_mount_namespace_when_image_ready(int image_ready_fd);
+void take_mount_namespace_when_image_ready(UniqueFd image_ready);
 
 // sqbox serve: the request's stdio becomes 0-2; everything else the long-lived supervisor holds
 // (other sandboxes' pipes, its control socket) is closed.
-void adopt_request_stdio(const InitContext& context);
+void adopt_request_stdio(InitContext& context);
 
 // enroot export: the merged layers, as the sandbox would see them at its root, packed into a new
 // image on the host. Nothing runs from the image.
@@ -87,8 +96,9 @@ void await_request(int channel, SandboxConfig& config, SandboxPlan& plan);
 // --tty: a terminal of the sandbox's own, whose master is sent to the launcher on `channel`.
 SandboxPty open_terminal_if_asked(const SandboxConfig& config, int channel);
 
-// Forks the payload once the root is complete (`terminal_fd`: --tty's slave, or -1).
-PayloadProcess start_payload(const SandboxPlan& plan, int terminal_fd);
+// Forks the payload once the root is complete; `terminal` (--tty's slave, if any) goes to it and
+// closes here.
+PayloadProcess start_payload(const SandboxPlan& plan, UniqueFd terminal);
 
 // An early payload waits for the root: tells it the root is ready.
 void release_early_payload(PayloadProcess& payload);

@@ -107,11 +107,10 @@ void close_descriptors_at_exec(int kept) {
     mark(static_cast<unsigned>(kept) + 1, ~0U);
 }
 
-void wait_until_root_ready(int ready_fd) {
-    if (ready_fd < 0) return;
+void wait_until_root_ready(UniqueFd ready) {
+    if (!ready) return;
     char word = 0;
-    if (read_full(ready_fd, &word, 1) != 1 || word != kRootReady) ::_exit(kExitSqboxFailure);
-    (void)::close(ready_fd);
+    if (read_full(ready.get(), &word, 1) != 1 || word != kRootReady) ::_exit(kExitSqboxFailure);
 }
 
 void exec_command(const SandboxPlan& plan, int status_fd, int rc_fd) {

@@ -6,6 +6,7 @@
 #include "image/environment_file.h"
 #include "runtime/sandbox_plan.h"
 #include "sqbox/config.h"
+#include "util/unique_fd.h"
 
 namespace sqbox {
 
@@ -18,33 +19,35 @@ inline constexpr const char* kDefaultPayloadPath =
 EnvironmentEntries build_payload_environment(const SandboxConfig& config,
                                              const std::string& image_environment);
 
-// What the payload's process gets from init.
+// What the payload's process gets from init. It owns the descriptors; none but stdio survives
+// exec.
 struct PayloadContext {
     const SandboxPlan* plan = nullptr;
     // A StageReport on failure; close-on-exec, so silence means the command was executed.
-    int status_fd = -1;
+    UniqueFd status;
     // Started early (init.h: starts_payload_early): where init sends kRootReady once the
-    // root is complete; -1 when the root was complete before the payload started.
-    int ready_fd = -1;
-    int terminal_fd = -1;  // --tty: becomes the controlling terminal and 0-2; -1 keeps stdio
+    // root is complete; none when the root was complete before the payload started.
+    UniqueFd ready;
+    UniqueFd terminal;  // --tty: becomes the controlling terminal and 0-2; none keeps stdio
 };
 
 // The payload's process, from init's fork to execve: one order of steps, the first ones (which
 // read nothing of the sandbox's files) done before the root is ready when started early.
 // Defined in runtime/pipeline.cpp. On any failure it prints one line, sends a StageReport on
-// status_fd and exits with 125, 126 or 127.
-[[noreturn]] void run_payload(const PayloadContext& context);
+// its status descriptor and exits with 125, 126 or 127.
+[[noreturn]] void run_payload(PayloadContext context);
 
-// What init sends on `ready_fd` once the root is complete.
+// What init sends on the payload's `ready` descriptor once the root is complete.
 inline constexpr char kRootReady = 'r';
 
 // A new session (no controlling terminal: nothing the payload does reaches the caller's), default
 // signal handling; with --tty, `terminal_fd` becomes the controlling terminal and 0-2.
 void leave_callers_session(int terminal_fd);
 
-// Blocks until init says the root is complete (returns at once for ready_fd -1). Anything but its
-// word (init failed, and reports why itself) ends the payload before it runs anything.
-void wait_until_root_ready(int ready_fd);
+// Blocks until init says the root is complete, then closes `ready` (returns at once if there is
+// none). Anything but its word (init failed, and reports why itself) ends the payload before it
+// runs anything.
+void wait_until_root_ready(UniqueFd ready);
 
 // In the final root: the environment (build_payload_environment) and the working directory.
 void enter_payload_environment(const SandboxConfig& config);

@@ -58,13 +58,9 @@ RunResult run_sandbox(const SandboxConfig& config) {
         SandboxPlan plan = plan_run(config, cgroup ? &*cgroup : nullptr);
         // 3. The image's warm-up list and unpacked files (warm-up lists in docs/warm-up.md).
         WarmUp warm_up(config, image);
-        plan.learn_fd = warm_up.learn_fd();
-        plan.unpacked_files_tree = warm_up.unpacked_files_tree();
-        plan.unpacked_files_fd = warm_up.unpacked_files_fd();
         // 4. The channels: the supervisor's report, and init's channel (cgroup, terminal).
         Pipe report = make_pipe("supervisor report");
         auto [channel, init_channel] = make_message_channel("the sandbox's channel");
-        plan.channel_fd = init_channel.get();
         // 5. The payload's stdio: relayed where the caller's cannot be handed over as it is.
         StdioRelay relay(config.output_limit_bytes, config.tty, channel.get());
         std::optional<ScopedIgnoreSigpipe> ignore_sigpipe;
@@ -78,11 +74,10 @@ RunResult run_sandbox(const SandboxConfig& config) {
         if (pid == 0) {
             report.read_end.reset();
             channel.reset();
-            if (relay.active()) {
-                plan.diagnostics_fd = relay.install_in_child();
-                set_diagnostics_fd(plan.diagnostics_fd);
-            }
-            run_supervisor({&plan, &image, report.write_end.get(), launcher, &warm_up.names()});
+            if (relay.active()) adopt_diagnostics_fd(relay.install_in_child());
+            run_supervisor({&plan, &image, launcher, &warm_up.names(), std::move(report.write_end),
+                            std::move(init_channel), warm_up.take_learn_records(),
+                            warm_up.take_unpacked_files()});
         }
         ChildProcess supervisor(pid);
         report.write_end.reset();
@@ -116,7 +111,7 @@ RunResult run_sandbox(const SandboxConfig& config) {
 
 // ---- the supervisor: root of the sandbox's user namespace ----
 
-void run_supervisor(const SupervisorContext& context) {
+void run_supervisor(SupervisorContext context) {
     const SandboxPlan& plan = *context.plan;
     const SandboxConfig& config = *plan.config;
     const ImageSource& image = *context.image;
@@ -135,21 +130,20 @@ void run_supervisor(const SupervisorContext& context) {
         const auto started = std::chrono::steady_clock::now();
         const pid_t init_pid =
             clone_process(kSandboxNamespaces & ~CLONE_NEWNS, "sandbox namespaces");
-        if (init_pid == 0) {
-            const InitContext init_context = init_channels.take_init_ends(plan);
-            run_init(init_context);
-        }
+        if (init_pid == 0)
+            run_init(init_channels.take_init_ends(plan, std::move(context.init_channel)));
         ChildProcess init(init_pid);
         init_channels.close_init_ends();
+        context.init_channel.reset();  // init's now
 
         // 4. The image at /image in a private scratch root, and its FUSE server.
-        ChildProcess server =
-            mount_image_and_serve(image, ids, server_closes(context, init_channels), plan.learn_fd);
-        close_owned_fd(plan.learn_fd);  // the server has its own copy
+        ChildProcess server = mount_image_and_serve(
+            image, ids, server_closes(context, init_channels), context.learn_records.get());
+        context.learn_records.reset();  // the server's now
         // 5. The unpacked files above the image, and the names every start needs looked up
         //    ahead (on a thread of its own: no fork follows).
-        const std::string warm_up_root = bind_unpacked_files(image, plan);
-        close_owned_fd(plan.unpacked_files_fd);
+        const std::string warm_up_root =
+            bind_unpacked_files(image, std::move(context.unpacked_files), config.verbose);
         LookAhead look_ahead =
             start_look_ahead_of(image, warm_up_root, config, context.warm_up_names);
         // 6. Init may take its copy of the mount namespace now.
@@ -159,38 +153,38 @@ void run_supervisor(const SupervisorContext& context) {
         const SandboxEnd end = watch_sandbox(init, server, started, config.timeout_seconds);
         // 8. The report, once init is gone; the mounts go with this process.
         StageReport report = final_report(init_channels.report.read_end.get(), end, started, config,
-                                          context.report_fd);
+                                          context.report.get());
         if (config.learn_warm_up && !end.timed_out) finish_learning_look_ahead(look_ahead);
         server.kill_and_reap();
-        send_report(context.report_fd, report);
+        send_report(context.report.get(), report);
         ::_exit(0);
     } catch (const Error& e) {
-        fail_stage(context.report_fd, kExitSqboxFailure, e.what());
+        fail_stage(context.report.get(), kExitSqboxFailure, e.what());
     }
 }
 
 // ---- init: PID 1 of the sandbox ----
 
-void run_init(const InitContext& context) {
+void run_init(InitContext context) {
     const SandboxPlan& plan = *context.plan;
     const SandboxConfig& config = *plan.config;
     try {
         // 1. Tied to the supervisor, not dumpable, holding only its own descriptors (none of the
         //    host's the supervisor holds: the image, the report, the unpacked files).
-        die_with_supervisor(context.lifeline_fd);
+        die_with_supervisor(context.lifeline.get());
         keep_only_init_descriptors(context);
         // 2. Namespaces of its own: a user namespace (sqbox serve), the network (loopback only).
         if (plan.own_user_namespace) enter_own_user_namespace(*plan.own_user_namespace);
         enter_loopback_only_network();
         // 3. Its own copy of the mount namespace, once the supervisor has mounted the image.
-        if (context.image_ready_fd >= 0)
-            take_mount_namespace_when_image_ready(context.image_ready_fd);
+        if (context.image_ready)
+            take_mount_namespace_when_image_ready(std::move(context.image_ready));
         // 4. sqbox serve: the request's stdio on 0-2, nothing else of the server's.
         adopt_request_stdio(context);
         // enroot export: the root's layers packed into an image; nothing runs.
         if (!config.export_image_path.empty()) export_root(context, config);
     } catch (const Error& e) {
-        fail_stage(context.report_fd, kExitSqboxFailure, e.what());
+        fail_stage(context.report.get(), kExitSqboxFailure, e.what());
     }
 
     StageReport report;
@@ -199,7 +193,7 @@ void run_init(const InitContext& context) {
         SandboxPlan live_plan = plan;
         live_plan.config = &live_config;
         // 5. The sandbox's cgroup and a cgroup namespace, before the payload exists.
-        enter_sandbox_cgroup(plan.channel_fd, live_plan.rlimits);
+        enter_sandbox_cgroup(context.channel.get(), live_plan.rlimits);
         // 6. The payload, started early where it may: its own set-up (run_payload's steps before
         //    the root is ready) overlaps with building the root.
         std::optional<PayloadProcess> early;
@@ -208,35 +202,35 @@ void run_init(const InitContext& context) {
         try {
             prepare_sandbox(config);
         } catch (const Error& e) {
-            fail_stage(context.report_fd, kExitSqboxFailure, e.what());  // the payload dies with us
+            fail_stage(context.report.get(), kExitSqboxFailure,
+                       e.what());  // the payload dies with us
         }
         // 8. A pooled sandbox waits here for its request: command, environment, stdio.
-        if (plan.pooled) await_request(plan.channel_fd, live_config, live_plan);
+        if (plan.pooled) await_request(context.channel.get(), live_config, live_plan);
         // 9. --tty: a terminal of the sandbox's own; its master goes to the launcher.
-        SandboxPty terminal = open_terminal_if_asked(config, plan.channel_fd);
-        (void)::close(plan.channel_fd);  // nothing more on it; the payload must not inherit it
+        SandboxPty terminal = open_terminal_if_asked(config, context.channel.get());
+        context.channel.reset();  // nothing more on it; the payload must not inherit it
         // 10. The payload runs from here: started now, or told that the root is ready.
         const auto started = std::chrono::steady_clock::now();
         PayloadProcess payload =
-            early ? std::move(*early) : start_payload(live_plan, terminal.slave.get());
-        terminal.slave.reset();
+            early ? std::move(*early) : start_payload(live_plan, std::move(terminal.slave));
         release_early_payload(payload);
         // 11. Until the payload has executed its command (or failed to), then until it ends,
         //     reaping orphans and forwarding signals.
-        report = supervise_payload_to_end(payload, context.report_fd, started);
+        report = supervise_payload_to_end(payload, context.report.get(), started);
     } catch (const Error& e) {
         print_error(e.what());
         report.exit_status = kExitSqboxFailure;
         report.set_error(e.what());
     }
     // 12. How the payload ended; init's exit ends every process of the sandbox.
-    send_report(context.report_fd, report);
+    send_report(context.report.get(), report);
     ::_exit(0);
 }
 
 // ---- the payload ----
 
-void run_payload(const PayloadContext& context) {
+void run_payload(PayloadContext context) {
     const SandboxPlan& plan = *context.plan;
     const SandboxConfig& config = *plan.config;
     UniqueFd rc_fd;
@@ -247,7 +241,7 @@ void run_payload(const PayloadContext& context) {
     try {
         // 1. A new session (no controlling terminal but the sandbox's own with --tty), default
         //    signal handling.
-        leave_callers_session(context.terminal_fd);
+        leave_callers_session(context.terminal.get());
         // 2. The rlimits the cgroup does not hold.
         apply_resource_limits(plan.rlimits);
         // 3. enroot's rc script as a descriptor that survives exec.
@@ -261,7 +255,7 @@ void run_payload(const PayloadContext& context) {
     }
     try {
         // 6. The root is ready (at once for a payload started late).
-        wait_until_root_ready(context.ready_fd);
+        wait_until_root_ready(std::move(context.ready));
         if (early_failure) throw Error(*early_failure);
         // 7. In the final root: the environment (the image's /etc/environment, --env) and the
         //    working directory.
@@ -273,10 +267,10 @@ void run_payload(const PayloadContext& context) {
         // 10. seccomp last for a profile from a file, which may refuse any step above.
         if (!plan.seccomp_before_root_ready && plan.seccomp) install_seccomp_filter(*plan.seccomp);
     } catch (const Error& e) {
-        fail_stage(context.status_fd, kExitSqboxFailure, e.what());
+        fail_stage(context.status.get(), kExitSqboxFailure, e.what());
     }
     // 11. The command (or enroot's /etc/rc through the container's shell).
-    exec_command(plan, context.status_fd, rc_fd.get());
+    exec_command(plan, context.status.get(), rc_fd.get());
 }
 
 }  // namespace sqbox

@@ -55,9 +55,9 @@ StdioRelay::StdioRelay(std::optional<uint64_t> output_limit, bool tty, int chann
     }
 }
 
-int StdioRelay::install_in_child() {
-    int diagnostics = -1;
-    if (sandbox_ends_[STDERR_FILENO]) diagnostics = ::fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 3);
+UniqueFd StdioRelay::install_in_child() {
+    UniqueFd diagnostics;
+    if (sandbox_ends_[STDERR_FILENO]) diagnostics.reset(::fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 3));
     for (int fd = 0; fd < 3; ++fd) {
         if (!sandbox_ends_[fd]) continue;
         if (::dup2(sandbox_ends_[fd].get(), fd) < 0) throw system_error("dup2 for stdio relay");

@@ -24,8 +24,8 @@ namespace sqbox {
 class StdioRelay {
   public:
     // Decides which streams to relay and creates their pipes. With `tty`, the sandbox terminal's
-    // master will arrive on `channel_fd` (see SandboxPlan::channel_fd); throws if `tty` but stdin
-    // is not a terminal.
+    // master will arrive on `channel_fd` (the launcher's end of init's channel,
+    // InitContext::channel); throws if `tty` but stdin is not a terminal.
     StdioRelay(std::optional<uint64_t> output_limit, bool tty, int channel_fd);
     StdioRelay(const StdioRelay&) = delete;
     StdioRelay& operator=(const StdioRelay&) = delete;
@@ -33,8 +33,8 @@ class StdioRelay {
     [[nodiscard]] bool active() const { return active_; }
 
     // In the newly created child: puts the sandbox ends of the pipes on fds 0-2 and returns a
-    // close-on-exec copy of the caller's stderr for sqbox's own messages (-1 if not needed).
-    int install_in_child();
+    // close-on-exec copy of the caller's stderr for sqbox's own messages (none if not needed).
+    UniqueFd install_in_child();
     // In the launcher, once the child exists: drops the child's ends.
     void close_child_ends();
     // SIGWINCH: the caller's window changed size.

@@ -85,12 +85,9 @@ void leave_process_group() {
 }
 
 std::vector<int> descriptors_of(const SupervisorContext& context) {
-    const SandboxPlan& plan = *context.plan;
-    std::vector<int> keep = {context.image->file.get(), context.report_fd};
-    for (int fd : {plan.diagnostics_fd, plan.channel_fd, plan.learn_fd, plan.unpacked_files_fd}) {
-        if (fd >= 0) keep.push_back(fd);
-    }
-    return keep;
+    return {context.image->file.get(),       context.report.get(),
+            context.init_channel.get(),      context.learn_records.get(),
+            context.unpacked_files.fd.get(), diagnostics_fd()};
 }
 
 InitChannels make_init_channels() {
@@ -102,11 +99,17 @@ InitChannels make_init_channels() {
     return channels;
 }
 
-InitContext InitChannels::take_init_ends(const SandboxPlan& plan) {
+InitContext InitChannels::take_init_ends(const SandboxPlan& plan, UniqueFd channel) {
     report.read_end.reset();
     lifeline.write_end.reset();
     image_ready.reset();
-    return {&plan, report.write_end.get(), lifeline.read_end.get(), init_image_ready.get()};
+    InitContext context;
+    context.plan = &plan;
+    context.report = std::move(report.write_end);
+    context.lifeline = std::move(lifeline.read_end);
+    context.image_ready = std::move(init_image_ready);
+    context.channel = std::move(channel);
+    return context;
 }
 
 void InitChannels::close_init_ends() {
@@ -116,18 +119,15 @@ void InitChannels::close_init_ends() {
 }
 
 std::vector<int> server_closes(const SupervisorContext& context, const InitChannels& channels) {
-    return {context.report_fd,
-            context.plan->channel_fd,
-            channels.report.read_end.get(),
-            channels.lifeline.write_end.get(),
-            channels.image_ready.get(),
-            context.plan->unpacked_files_fd};
+    return {context.report.get(),           context.init_channel.get(),
+            channels.report.read_end.get(), channels.lifeline.write_end.get(),
+            channels.image_ready.get(),     context.unpacked_files.fd.get()};
 }
 
-std::string bind_unpacked_files(const ImageSource& image, const SandboxPlan& plan) {
-    if (image.kind != ImageSource::Kind::kSquashfs || plan.unpacked_files_fd < 0) return kImageDir;
-    return mount_unpacked_files(plan.unpacked_files_tree, plan.unpacked_files_fd,
-                                plan.config->verbose);
+std::string bind_unpacked_files(const ImageSource& image, UnpackedFilesHandle unpacked_files,
+                                bool verbose) {
+    if (image.kind != ImageSource::Kind::kSquashfs || !unpacked_files.fd) return kImageDir;
+    return mount_unpacked_files(unpacked_files.tree, unpacked_files.fd.get(), verbose);
 }
 
 LookAhead start_look_ahead_of(const ImageSource& image, const std::string& root,

@@ -38,20 +38,27 @@ IdMapping map_ids_and_seal(const SandboxConfig& config);
 ChildProcess mount_image_and_serve(const ImageSource& image, const IdMapping& ids,
                                    const std::vector<int>& close_in_server, int learn_fd = -1);
 
+// What the supervisor gets from the launcher. It owns the descriptors: each goes to the process
+// that needs it (init, the image server) and closes here once handed on.
 struct SupervisorContext {
     const SandboxPlan* plan = nullptr;
     const ImageSource* image = nullptr;
-    int report_fd = -1;  // StageReport to the launcher
     pid_t launcher_pid = 0;
     // The image's learned warm-up list, looked up ahead of the payload (not in the plan: init and
     // the payload have no use for it).
     const std::vector<WarmUpName>* warm_up_names = nullptr;
+    UniqueFd report;  // StageReport to the launcher
+    // Init's end of a SOCK_SEQPACKET channel to the launcher (InitContext::channel).
+    UniqueFd init_channel;
+    // A learning run: the memory file the image server appends its records to.
+    UniqueFd learn_records;
+    UnpackedFilesHandle unpacked_files;  // the image's unpacked files, bound above it
 };
 
 // Out of the caller's process group: terminal signals reach only the launcher.
 void leave_process_group();
 
-// The descriptors the supervisor keeps from the launcher: the image, the report, and the plan's.
+// The descriptors the supervisor keeps from the launcher: the image and its context's.
 std::vector<int> descriptors_of(const SupervisorContext& context);
 
 // The supervisor's channels to init, both ends until init is cloned.
@@ -61,8 +68,8 @@ struct InitChannels {
     UniqueFd image_ready;
     UniqueFd init_image_ready;  // one byte when the image is mounted (InitContext::image_ready_fd)
 
-    // In init: drops the supervisor's ends, returns init's.
-    InitContext take_init_ends(const SandboxPlan& plan);
+    // In init: drops the supervisor's ends; returns init's, with `channel` (the launcher's).
+    InitContext take_init_ends(const SandboxPlan& plan, UniqueFd channel);
     // In the supervisor, once init exists: drops init's ends.
     void close_init_ends();
 };
@@ -71,9 +78,10 @@ InitChannels make_init_channels();
 // What the image server closes: everything of the supervisor's but the image and /dev/fuse.
 std::vector<int> server_closes(const SupervisorContext& context, const InitChannels& channels);
 
-// Binds the image's unpacked files above it (rootfs.h: mount_unpacked_files); returns the directory
-// the warm-up reads: the image as sandboxes will see it.
-std::string bind_unpacked_files(const ImageSource& image, const SandboxPlan& plan);
+// Binds the image's unpacked files above it (rootfs.h: mount_unpacked_files) and closes their
+// descriptor; returns the directory the warm-up reads: the image as sandboxes will see it.
+std::string bind_unpacked_files(const ImageSource& image, UnpackedFilesHandle unpacked_files,
+                                bool verbose);
 
 // Starts looking up, on a thread, what every start needs and the warm-up list's names (a squashfs
 // image only). Call only once no more processes will be forked.
@@ -110,6 +118,6 @@ void finish_learning_look_ahead(LookAhead& look_ahead);
 // the image (starting the FUSE server), starts init in the sandbox's namespaces, enforces the
 // wall-clock timeout, forwards the launcher's signals to init, and reports the outcome. Kills the
 // FUSE server before exiting; dies with the launcher.
-[[noreturn]] void run_supervisor(const SupervisorContext& context);
+[[noreturn]] void run_supervisor(SupervisorContext context);
 
 }  // namespace sqbox

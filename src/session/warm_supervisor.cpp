@@ -211,12 +211,8 @@ class WarmSupervisor {
         plan.rlimits = limits_from_json(request.at("rlimits"));
         plan.pooled = pooled;
         plan.own_user_namespace = std::make_pair(ids_.inside_uid, ids_.inside_gid);
-        if (!pooled) {
-            for (size_t i = 0; i < 3; ++i) plan.stdio_fds.at(i) = fds[i + 1].get();
-        }
 
         auto [channel, init_channel] = make_message_channel("the sandbox's channel");
-        plan.channel_fd = init_channel.get();
         Pipe report = make_pipe("init report");
         Pipe lifeline = make_pipe("lifeline");
 
@@ -226,7 +222,16 @@ class WarmSupervisor {
         if (pid == 0) {
             report.read_end.reset();
             lifeline.write_end.reset();
-            run_init({&plan, report.write_end.get(), lifeline.read_end.get()});
+            channel.reset();
+            InitContext init;
+            init.plan = &plan;
+            init.report = std::move(report.write_end);
+            init.lifeline = std::move(lifeline.read_end);
+            init.channel = std::move(init_channel);
+            if (!pooled) {
+                for (size_t i = 0; i < 3; ++i) init.stdio.at(i) = std::move(fds[i + 1]);
+            }
+            run_init(std::move(init));
         }
         sandbox.init = ChildProcess(pid);
         sandbox.report = std::move(report.read_end);

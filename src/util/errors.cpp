@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 namespace sqbox {
 
@@ -16,17 +17,21 @@ Error system_error(const std::string& what) {
 }
 
 namespace {
-int diagnostics_fd = -1;
+UniqueFd diagnostics;  // NOLINT(cppcoreguidelines-avoid-non-const-global-variables): per process
 }  // namespace
 
-void set_diagnostics_fd(int fd) {
-    diagnostics_fd = fd;
+void adopt_diagnostics_fd(UniqueFd fd) {
+    diagnostics = std::move(fd);
+}
+
+int diagnostics_fd() {
+    return diagnostics.get();
 }
 
 void print_error(const std::string& message) {
     std::string line = "sqbox: " + message + "\n";
     // Best effort: if stderr is gone there is nobody left to tell.
-    (void)!::write(diagnostics_fd >= 0 ? diagnostics_fd : STDERR_FILENO, line.data(), line.size());
+    (void)!::write(diagnostics ? diagnostics.get() : STDERR_FILENO, line.data(), line.size());
 }
 
 }  // namespace sqbox

@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "util/unique_fd.h"
+
 namespace sqbox {
 
 // Exit statuses of the sqbox binary besides the payload's own (documented in docs/run.md).
@@ -34,8 +36,11 @@ class Error : public std::runtime_error {
 // lines from several processes never interleave mid-line.
 void print_error(const std::string& message);
 
-// Where print_error writes from now on: the caller's real stderr when the payload's stderr is a
-// relay pipe (sqbox's own messages must not count against --output-limit). -1 means fd 2.
-void set_diagnostics_fd(int fd);
+// Where print_error writes from now on, owned for the rest of the process: the caller's real
+// stderr when the payload's stderr is a relay pipe (sqbox's own messages must not count against
+// --output-limit). Processes forked later inherit it; they keep it among their descriptors.
+void adopt_diagnostics_fd(UniqueFd fd);
+// The descriptor print_error writes to when it is not fd 2; -1 if none.
+int diagnostics_fd();
 
 }  // namespace sqbox

@@ -88,10 +88,6 @@ void ChildProcess::send(int signal) const {
     if (pid_ > 0) (void)::kill(pid_, signal);  // the child may be exiting: nothing to do then
 }
 
-void close_owned_fd(int fd) {
-    if (fd >= 0) (void)::close(fd);  // EBADF or EINTR leave nothing open that matters
-}
-
 int shell_status(int wait_status) {
     if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
     if (WIFSIGNALED(wait_status)) return kExitSignalBase + WTERMSIG(wait_status);

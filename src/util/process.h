@@ -47,9 +47,6 @@ class ChildProcess {
 // long-lived sqbox process holds for other sandboxes) stays open in a sandbox's processes.
 void close_fds_except(std::vector<int> keep);
 
-// Closes one of the plan's descriptors once this process is done with it; -1 is none.
-void close_owned_fd(int fd);
-
 // Exit status as a shell reports it: the code, or 128+N for death by signal N.
 int shell_status(int wait_status);
 

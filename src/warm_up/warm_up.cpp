@@ -91,8 +91,8 @@ void WarmUp::use_unpacked_files(const SandboxConfig& config, const ImageSource& 
                     (unpacked.made ? "unpacked in " : "from ") + unpacked.tree);
     }
     if (!unpacked.tree_fd) return;
-    unpacked_files_fd_ = std::move(unpacked.tree_fd);
-    unpacked_files_tree_ = unpacked.tree;
+    unpacked_files_.fd = std::move(unpacked.tree_fd);
+    unpacked_files_.tree = unpacked.tree;
 }
 
 void WarmUp::save_learned() {

@@ -21,6 +21,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "image/image_source.h"
@@ -31,6 +32,14 @@
 #include "warm_up/warm_up_list.h"
 
 namespace sqbox {
+
+// The image's unpacked files as the supervisor binds them: the directory on the host, and an
+// O_PATH descriptor of it taken when its stamp was checked, which the bind must match (another
+// run may replace the directory meanwhile). Empty if there are none.
+struct UnpackedFilesHandle {
+    std::string tree;
+    UniqueFd fd;
+};
 
 class WarmUp {
   public:
@@ -47,15 +56,12 @@ class WarmUp {
     // The names the supervisor looks up ahead of the payload.
     const std::vector<WarmUpName>& names() const { return names_; }
 
-    // A learning run's record file, for the image server (make_learning_recorder); -1 otherwise.
-    int learn_fd() const { return records_.get(); }
-
-    // The image's unpacked files: the directory on the host, and an O_PATH descriptor of it taken
-    // when its stamp was checked, which the supervisor's bind must match (another run may
-    // replace the directory meanwhile). "" and -1 if there are none; open until this object
-    // goes.
-    const std::string& unpacked_files_tree() const { return unpacked_files_tree_; }
-    int unpacked_files_fd() const { return unpacked_files_fd_.get(); }
+    // In the supervisor, whose memory is a copy of the launcher's: takes what it hands on. The
+    // record file of a learning run, for the image server (make_learning_recorder), and the
+    // image's unpacked files, for its bind (none of either if there are none). The launcher's
+    // own copies stay in its object, which reads the records once the sandbox is gone.
+    UniqueFd take_learn_records() { return std::move(records_); }
+    UnpackedFilesHandle take_unpacked_files() { return std::move(unpacked_files_); }
 
     // A learning run, once the sandbox is gone: adds what the server recorded to the list, with
     // one line on stderr saying where. Throws Error if it cannot be saved.
@@ -74,8 +80,7 @@ class WarmUp {
     std::string path_;
     std::vector<WarmUpName> names_;
     UniqueFd records_;
-    std::string unpacked_files_tree_;
-    UniqueFd unpacked_files_fd_;
+    UnpackedFilesHandle unpacked_files_;
 };
 
 // The caller's directory for warm-up lists: sqbox_cache_directory() + "/warm-up", "" if there is
