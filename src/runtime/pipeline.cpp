@@ -130,8 +130,9 @@ void run_supervisor(SupervisorContext context) {
         const auto started = std::chrono::steady_clock::now();
         const pid_t init_pid =
             clone_process(kSandboxNamespaces & ~CLONE_NEWNS, "sandbox namespaces");
-        if (init_pid == 0)
+        if (init_pid == 0) {
             run_init(init_channels.take_init_ends(plan, std::move(context.init_channel)));
+        }
         ChildProcess init(init_pid);
         init_channels.close_init_ends();
         context.init_channel.reset();  // init's now
@@ -177,8 +178,9 @@ void run_init(InitContext context) {
         if (plan.own_user_namespace) enter_own_user_namespace(*plan.own_user_namespace);
         enter_loopback_only_network();
         // 3. Its own copy of the mount namespace, once the supervisor has mounted the image.
-        if (context.image_ready)
+        if (context.image_ready) {
             take_mount_namespace_when_image_ready(std::move(context.image_ready));
+        }
         // 4. sqbox serve: the request's stdio on 0-2, nothing else of the server's.
         adopt_request_stdio(context);
         // enroot export: the root's layers packed into an image; nothing runs.
