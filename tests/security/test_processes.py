@@ -4,12 +4,13 @@ and processes that try to outlive the sandbox."""
 import fcntl
 import hashlib
 import os
+import subprocess
 import time
 
 import pytest
 
 from escape_support import parse_results
-from host_processes import wait_until_gone, wait_until_pid_namespace_is_empty
+from host_processes import children, wait_until_gone, wait_until_pid_namespace_is_empty
 
 PTRACE_ATTACH, PTRACE_SEIZE = 16, 0x4206
 NR_PTRACE, NR_PROCESS_VM_READV, NR_PIDFD_OPEN, NR_PIDFD_GETFD = 101, 310, 434, 438
@@ -319,3 +320,64 @@ def test_workdir_through_an_inherited_descriptor_is_refused(box, host_sentinel, 
     assert "secret.txt" not in result.stdout
     assert result.returncode == 125, result
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("sqbox:"), result.stderr
+
+
+def _descriptors(pid):
+    """{fd: what it refers to} of a host process (needs root: sandbox processes are not
+    dumpable)."""
+    found = {}
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            found[int(name)] = os.readlink(f"/proc/{pid}/fd/{name}")
+        except OSError:  # closed meanwhile
+            pass
+    return found
+
+
+def _ns_pids(pid):
+    status = open(f"/proc/{pid}/status").read()
+    return [int(p) for p in status.split("NSpid:")[1].splitlines()[0].split()]
+
+
+@pytest.mark.parametrize("options", [[], ["--output-limit", "1M"], ["--learn-warm-up"]],
+                         ids=["plain", "relayed", "learning"])
+def test_sandbox_processes_hold_only_their_own_descriptors(box, options):
+    """Each process owns its descriptors and closes what it hands on: init keeps its report,
+    lifeline and the payload's exec status (its own signalfd besides, and, when stdio is relayed, the copy of the
+    caller's stderr its own messages go to); the payload only stdio; the supervisor neither the
+    learning run's record file nor the unpacked files' directory once the server and the bind
+    have them, nor init's channel. A missed close would be a host descriptor in the sandbox."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the sandbox's processes are not dumpable, so only root can "
+                    "read their descriptors")
+    argv = box.argv(box.python_image, ["sh", "-c", "echo ready; exec sleep 60", box.marker],
+                    ["--timeout", "60", *options])
+    with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout.readline() == "ready\n"
+            supervisor = [p for p in children(proc.pid) if len(_ns_pids(p)) == 1]
+            assert len(supervisor) == 1, supervisor
+            below = children(supervisor[0])
+            init = [p for p in below if _ns_pids(p)[-1] == 1]
+            assert len(init) == 1, below
+            payload = children(init[0])
+            assert len(payload) == 1, payload
+            init_fds = _descriptors(init[0])
+            payload_fds = _descriptors(payload[0])
+            supervisor_fds = _descriptors(supervisor[0])
+            callers_stderr = os.readlink(f"/proc/{proc.pid}/fd/2")
+        finally:
+            proc.kill()
+    assert set(payload_fds) <= {0, 1, 2}, payload_fds
+    own = sorted(what for fd, what in init_fds.items() if fd > 2)
+    if "--output-limit" in options:
+        # sqbox's own messages go to the caller's stderr, not to the relayed stream
+        assert callers_stderr in own, (callers_stderr, init_fds)
+        own.remove(callers_stderr)
+    # init's own signalfd, once it watches the payload, is no one else's
+    own = [what for what in own if what != "anon_inode:[signalfd]"]
+    assert len(own) == 3 and all(what.startswith("pipe:") for what in own), init_fds
+    held = list(supervisor_fds.values())
+    assert not [w for w in held if "memfd:" in w or w.endswith(".files/tree")], supervisor_fds
+    assert not [w for w in held if w.startswith("socket:")], supervisor_fds
