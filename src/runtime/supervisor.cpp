@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "image/squashfs_server.h"
+#include "runtime/image_server_confinement.h"
 #include "runtime/init.h"
 #include "runtime/payload.h"
 #include "runtime/rootfs.h"
@@ -73,6 +74,12 @@ ChildProcess mount_image_and_serve(const ImageSource& image, const IdMapping& id
             if (fd >= 0) (void)::close(fd);
         }
         const std::unique_ptr<ImageAccessRecorder> recorder = make_learning_recorder(learn_fd);
+        try {
+            confine_image_server({image.file.get(), fuse.get(), learn_fd});
+        } catch (const Error& e) {
+            print_error(e.what());
+            ::_exit(kExitSqboxFailure);
+        }
         int status = serve_squashfs(image.squashfs.get(), fuse.get(),
                                     {ids.inside_uid, ids.inside_gid, kImageDir, recorder.get()});
         ::_exit(status == 0 ? 0 : kExitSqboxFailure);
