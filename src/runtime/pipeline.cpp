@@ -190,7 +190,7 @@ void run_init(const InitContext& context) {
         // enroot export: the root's layers packed into an image; nothing runs.
         if (!config.export_image_path.empty()) export_root(context, config);
     } catch (const Error& e) {
-        fail_stage(context.report_fd, kExitSqboxFailure, e.what());
+        fail_stage(context.report_fd, kExitSqboxFailure, e);
     }
 
     StageReport report;
@@ -208,7 +208,7 @@ void run_init(const InitContext& context) {
         try {
             prepare_sandbox(config);
         } catch (const Error& e) {
-            fail_stage(context.report_fd, kExitSqboxFailure, e.what());  // the payload dies with us
+            fail_stage(context.report_fd, kExitSqboxFailure, e);  // the payload dies with us
         }
         // 8. A pooled sandbox waits here for its request: command, environment, stdio.
         if (plan.pooled) await_request(plan.channel_fd, live_config, live_plan);

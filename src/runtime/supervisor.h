@@ -87,6 +87,9 @@ void tell_init_image_ready(UniqueFd& image_ready);
 struct SandboxEnd {
     bool timed_out = false;
     bool server_died = false;
+    int server_wait_status = 0;  // when server_died
+    // The image server, if it was still running when init ended (final_report may wait for it).
+    ChildProcess* server = nullptr;
 };
 
 // Until init is gone: kills the sandbox at its deadline or when the image server dies, and passes
@@ -94,6 +97,10 @@ struct SandboxEnd {
 SandboxEnd watch_sandbox(ChildProcess& init, ChildProcess& server,
                          std::chrono::steady_clock::time_point started,
                          std::optional<double> timeout_seconds);
+
+// "the image server died of signal 11 (Segmentation fault); the image may be corrupt", from its
+// wait status.
+std::string describe_image_server_death(int wait_status);
 
 // Init's last report, completed with what only the supervisor knows (timeout, a dead image server
 // or init). Fails the stage (exits) when there is nothing to report.
