@@ -91,17 +91,9 @@ IdMapping map_ids_and_seal(const SandboxConfig& config) {
     return ids;
 }
 
-ChildProcess mount_image_and_serve(const ImageSource& image, const IdMapping& ids,
-                                   const std::vector<int>& close_in_server, int learn_fd) {
-    UniqueFd fuse;
-    if (image.kind == ImageSource::Kind::kSquashfs) {
-        fuse.reset(::open("/dev/fuse", O_RDWR | O_CLOEXEC));
-        if (!fuse) throw system_error("cannot open /dev/fuse");
-    }
-    enter_scratch_root();
-    mount_image(image, fuse.get(), ids);
-    if (image.kind != ImageSource::Kind::kSquashfs) return {};
-
+ChildProcess start_image_server(const ImageSource& image, int fuse_fd, const IdMapping& ids,
+                                const std::vector<int>& close_in_server, int learn_fd,
+                                ServerRecord* record) {
     const pid_t self = ::getpid();
     pid_t pid = ::fork();
     if (pid < 0) throw system_error("cannot start the image server");
@@ -112,16 +104,35 @@ ChildProcess mount_image_and_serve(const ImageSource& image, const IdMapping& id
         }
         const std::unique_ptr<ImageAccessRecorder> recorder = make_learning_recorder(learn_fd);
         try {
-            confine_image_server({image.file.get(), fuse.get(), learn_fd});
+            confine_image_server({image.file.get(), fuse_fd, learn_fd});
         } catch (const Error& e) {
             print_error(e.what());
             ::_exit(kExitSqboxFailure);
         }
-        int status = serve_squashfs(image.squashfs.get(), fuse.get(),
-                                    {ids.inside_uid, ids.inside_gid, kImageDir, recorder.get()});
+        int status =
+            serve_squashfs(image.squashfs.get(), fuse_fd,
+                           {ids.inside_uid, ids.inside_gid, kImageDir, recorder.get(), record});
         ::_exit(status == 0 ? 0 : kExitSqboxFailure);
     }
-    return ChildProcess(pid);  // `fuse` closes here: the server holds the connection now
+    return ChildProcess(pid);
+}
+
+ChildProcess mount_image_and_serve(const ImageSource& image, const IdMapping& ids,
+                                   const std::vector<int>& close_in_server, int learn_fd,
+                                   UniqueFd* keep_fuse, ServerRecord* record) {
+    UniqueFd fuse;
+    if (image.kind == ImageSource::Kind::kSquashfs) {
+        fuse.reset(::open("/dev/fuse", O_RDWR | O_CLOEXEC));
+        if (!fuse) throw system_error("cannot open /dev/fuse");
+    }
+    enter_scratch_root();
+    mount_image(image, fuse.get(), ids);
+    if (image.kind != ImageSource::Kind::kSquashfs) return {};
+    ChildProcess server =
+        start_image_server(image, fuse.get(), ids, close_in_server, learn_fd, record);
+    // Unless kept, `fuse` closes here: the server holds the connection now, and it ends with it.
+    if (keep_fuse != nullptr) *keep_fuse = std::move(fuse);
+    return server;
 }
 
 void leave_process_group() {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "image/image_source.h"
+#include "image/squashfs_server.h"
 #include "runtime/init.h"
 #include "runtime/sandbox_plan.h"
 #include "runtime/stage_report.h"
@@ -34,9 +35,16 @@ IdMapping map_ids_and_seal(const SandboxConfig& config);
 // Both supervisors: moves to the private scratch root, mounts `image` at /image and, for a
 // squashfs image, forks the FUSE server that serves it (closing `close_in_server` there).
 // Returns the server; no process for a directory image. `learn_fd`: where the server records
-// a learning run's lookups and reads (-1: not learning).
+// a learning run's lookups and reads (-1: not learning). sqbox serve keeps the connection's
+// /dev/fuse in `keep_fuse` and a ServerRecord, to start another server if this one dies.
 ChildProcess mount_image_and_serve(const ImageSource& image, const IdMapping& ids,
-                                   const std::vector<int>& close_in_server, int learn_fd = -1);
+                                   const std::vector<int>& close_in_server, int learn_fd = -1,
+                                   UniqueFd* keep_fuse = nullptr, ServerRecord* record = nullptr);
+
+// Forks a confined image server (runtime/image_server_confinement.h) answering on `fuse_fd`.
+ChildProcess start_image_server(const ImageSource& image, int fuse_fd, const IdMapping& ids,
+                                const std::vector<int>& close_in_server, int learn_fd,
+                                ServerRecord* record);
 
 struct SupervisorContext {
     const SandboxPlan* plan = nullptr;

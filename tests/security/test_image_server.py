@@ -5,9 +5,11 @@ the running server from the outside (its /proc entries, as the host sees them) f
 SECURITY.md names, and feed sqbox corrupted images: each run ends cleanly (exit 0, or 125 with
 one line), never hangs, and leaves nothing behind.
 """
+import json
 import os
 import random
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -35,12 +37,12 @@ def status_fields(pid):
 
 
 def find_image_server(launcher_pid):
-    """The image server below the launcher: the supervisor's child that shares the supervisor's
-    pid namespace (init, its other child, is PID 1 of a new one, so its NSpid has two ids)."""
+    """The image server below the launcher (or sqbox serve): the supervisor's child that shares
+    the supervisor's pid namespace (init is PID 1 of a new one, so its NSpid has two ids)."""
     supervisors = children(launcher_pid)
     assert len(supervisors) == 1, f"the launcher's children: {supervisors}"
     servers = [pid for pid in children(supervisors[0])
-               if len(status_fields(pid)["NSpid"].split()) == 1]
+               if len(status_fields(pid)["NSpid"].split()) == 1 and pid not in children(launcher_pid)]
     assert len(servers) == 1, f"the supervisor's children: {children(supervisors[0])}"
     return servers[0]
 
@@ -192,3 +194,42 @@ def test_corrupted_images_end_in_one_line_never_a_hang(box, small_image_and_tool
     assert 125 in outcomes and 0 in outcomes, outcomes
     assert any("the image server died" in line for line in outcomes[125]), outcomes
     assert new_fuse_connections(connections_before) == []
+
+
+def test_under_serve_a_crashed_image_server_is_replaced_and_sessions_go_on(sqbox_bin,
+                                                                         python_image, marker):
+    server = subprocess.Popen([sqbox_bin, "serve", "--env", f"MARKER={marker}", python_image], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def ask(request):
+        server.stdin.write(json.dumps(request) + "\n")
+        server.stdin.flush()
+        while True:
+            line = server.stdout.readline()
+            assert line, server.stderr.read()
+            answer = json.loads(line)
+            if answer.get("id") == request["id"] and "ok" in answer:
+                return answer
+
+    try:
+        assert ask({"id": 1, "op": "session_open"})["ok"]
+        assert ask({"id": 2, "op": "exec", "session": "s1", "code": "x = 41\nx + 1"})["value"] == "42"
+        image_server = find_image_server(server.pid)
+        # What a parser crash does to it (the server runs as the caller: the caller may signal it).
+        os.kill(image_server, signal.SIGSEGV)
+        # The session lives on, and reads files it never read before through the new server.
+        answer = ask({"id": 3, "op": "exec", "session": "s1",
+                      "code": "import decimal, fractions, statistics\nx + 2"})
+        assert answer["ok"] and answer["error"] is None and answer["value"] == "43", answer
+        answer = ask({"id": 4, "op": "run", "code": "print(6 * 7)"})
+        assert answer["ok"] and answer["stdout"] == "42\n", answer
+        replacement = find_image_server(server.pid)
+        assert replacement != image_server
+        assert status_fields(replacement)["Seccomp"] == "2"
+    finally:
+        server.stdin.close()
+        server.wait(timeout=SANDBOX_TIMEOUT + GRACE)
+    lines = server.stderr.read().splitlines()
+    assert lines == ["sqbox: the image server died of signal 11 (Segmentation fault); the image may "
+                     "be corrupt; started another (the request it was answering failed with EIO)"]
+    assert server.returncode == 0
