@@ -56,7 +56,7 @@ struct SquashfsPrefetcher::State {
     void run() {
         // A lower priority (raising one's own nice value needs no privilege): on a busy machine
         // the serving thread and the payloads go first.
-        (void)setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWorkerNice);
+        (void)setpriority(PRIO_PROCESS, 0, kWorkerNice);  // 0: this thread (Linux)
         // An O_PATH open of the mount's root asks the server nothing. Without it, no job runs.
         root.reset(::open(mount_point.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
         std::deque<Job> active;

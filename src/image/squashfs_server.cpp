@@ -257,6 +257,50 @@ fuse_lowlevel_ops make_operations() {
 // Requests come in bursts (a process starting up faults in its binary and libraries one read at a
 // time). Sleeping between them costs a cross-CPU wake-up per request, which dominates on VMs, so
 // the loop polls the device without blocking for a short while before it sleeps.
+// The start of every request the kernel sends (struct fuse_in_header).
+struct RequestHeader {
+    uint32_t length;
+    uint32_t opcode;
+    uint64_t unique;
+};
+constexpr uint32_t kFuseInit = 26;  // FUSE_INIT
+// A request id the kernel never hands out (ids are even, counting up from 2): the answer to a
+// replayed INIT goes nowhere.
+constexpr uint64_t kReplayedUnique = ~uint64_t{1};
+
+void note_request(ServerRecord* record, const fuse_buf& buffer, int size) {
+    if (record == nullptr || (buffer.flags & FUSE_BUF_IS_FD) != 0 ||
+        static_cast<size_t>(size) < sizeof(RequestHeader)) {
+        return;
+    }
+    RequestHeader header;
+    std::memcpy(&header, buffer.mem, sizeof header);
+    record->request_unique = header.unique;
+    if (header.opcode == kFuseInit && static_cast<size_t>(size) <= sizeof record->init) {
+        std::memcpy(record->init, buffer.mem, static_cast<size_t>(size));
+        record->init_size = static_cast<uint32_t>(size);
+    }
+}
+
+// A server started on a connection its predecessor opened: libfuse answers nothing but INIT until
+// it has seen one, so it is shown the connection's (its reply, to an id the kernel never gave,
+// is refused and ignored).
+void replay_init(fuse_session* session, const ServerRecord* record) {
+    if (record == nullptr || record->init_size < sizeof(RequestHeader) ||
+        record->init_size > sizeof record->init) {
+        return;
+    }
+    std::vector<unsigned char> init(record->init, record->init + record->init_size);
+    RequestHeader header;
+    std::memcpy(&header, init.data(), sizeof header);
+    header.unique = kReplayedUnique;
+    std::memcpy(init.data(), &header, sizeof header);
+    fuse_buf buffer{};
+    buffer.size = init.size();
+    buffer.mem = init.data();
+    fuse_session_process_buf(session, &buffer);
+}
+
 int run_request_loop(fuse_session* session, int fuse_fd) {
     using Clock = std::chrono::steady_clock;
     constexpr auto kSpinBudget = std::chrono::microseconds(kSpinMicroseconds);
@@ -274,6 +318,7 @@ int run_request_loop(fuse_session* session, int fuse_fd) {
             continue;
         }
         if (received <= 0) return received == -ENODEV ? 0 : received;  // ENODEV: unmounted
+        note_request(g_options.record, buffer, received);
         fuse_session_process_buf(session, &buffer);
         last_request = Clock::now();
     }
@@ -300,6 +345,7 @@ int serve_squashfs(sqfs_ll* image, int fuse_fd, const SquashfsServerOptions& opt
     // and never runs fusermount.
     std::string device = "/dev/fd/" + std::to_string(fuse_fd);
     int status = fuse_session_mount(session, device.c_str());
+    if (status == 0) replay_init(session, options.record);
     std::optional<SquashfsPrefetcher> prefetcher;
     if (status == 0) {
         try {

@@ -3,6 +3,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <string>
 
 struct sqfs_ll;
@@ -21,6 +22,18 @@ class ImageAccessRecorder {
     virtual void first_listed(const std::string& path) = 0;
 };
 
+// What a server notes for the one started after it on the same connection (sqbox serve restarts
+// a server that died; the connection lives on in the supervisor's copy of /dev/fuse): the request
+// it is answering, which the supervisor then fails with EIO (the kernel would otherwise wait for
+// its answer for good), and the connection's INIT request, which the next server replays to its
+// own libfuse session without answering the kernel again. Shared memory; a server taken over can
+// write anything here, which costs at most one request's answer and the next server's start.
+struct ServerRecord {
+    uint64_t request_unique = 0;  // 0: none
+    uint32_t init_size = 0;
+    unsigned char init[512] = {};
+};
+
 // Presents every file of the image as owned by `owner_uid`/`owner_gid` (ids in the user namespace
 // that mounted the FUSE connection). Like enroot's unpacked rootfs, the whole image then belongs
 // to the sandbox user, and overlayfs can copy files up without unmapped owners.
@@ -32,6 +45,8 @@ struct SquashfsServerOptions {
     std::string mount_point;
     // A learning run's recorder; null when not learning.
     ImageAccessRecorder* recorder = nullptr;
+    // sqbox serve: shared with the supervisor (see ServerRecord); null otherwise.
+    ServerRecord* record = nullptr;
 };
 
 // Serves FUSE requests arriving on `fuse_fd` (an open /dev/fuse already mounted) from the image

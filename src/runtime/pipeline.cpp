@@ -186,7 +186,7 @@ void run_init(InitContext context) {
         // enroot export: the root's layers packed into an image; nothing runs.
         if (!config.export_image_path.empty()) export_root(context, config);
     } catch (const Error& e) {
-        fail_stage(context.report.get(), kExitSqboxFailure, e.what());
+        fail_stage(context.report.get(), kExitSqboxFailure, e);
     }
 
     StageReport report;
@@ -204,8 +204,7 @@ void run_init(InitContext context) {
         try {
             prepare_sandbox(config);
         } catch (const Error& e) {
-            fail_stage(context.report.get(), kExitSqboxFailure,
-                       e.what());  // the payload dies with us
+            fail_stage(context.report.get(), kExitSqboxFailure, e);  // the payload dies with us
         }
         // 8. A pooled sandbox waits here for its request: command, environment, stdio.
         if (plan.pooled) await_request(context.channel.get(), live_config, live_plan);

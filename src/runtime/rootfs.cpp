@@ -17,6 +17,7 @@
 #include "runtime/mounts.h"
 #include "runtime/proc_masks.h"
 #include "runtime/rooted_path.h"
+#include "runtime/stage_report.h"
 #include "util/errors.h"
 #include "util/files.h"
 
@@ -83,6 +84,8 @@ bool mount_overlay(const std::string& target, const std::string& lower,
     }
     if (err != 0) err = try_mount_overlay(target, lower, layer_dir);
     if (err == 0) return true;
+    // The image server died: nothing to fall back to.
+    if (is_lost_image_server(err)) throw system_error("cannot mount the root's overlay", err);
     print_error(std::string("warning: overlayfs is not permitted here (") + std::strerror(err) +
                 "); falling back to a read-only root");
     return false;

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 
 #include "util/errors.h"
@@ -28,6 +29,20 @@ void fail_stage(int fd, int exit_status, const std::string& message) {
     StageReport report;
     report.exit_status = exit_status;
     report.set_error(message);
+    send_report(fd, report);
+    ::_exit(exit_status);
+}
+
+bool is_lost_image_server(int system_errno) {
+    return system_errno == ECONNABORTED || system_errno == ENOTCONN;
+}
+
+void fail_stage(int fd, int exit_status, const Error& error) {
+    if (!is_lost_image_server(error.system_errno())) fail_stage(fd, exit_status, error.what());
+    StageReport report;
+    report.exit_status = exit_status;
+    report.image_server_lost = 1;
+    report.set_error(error.what());
     send_report(fd, report);
     ::_exit(exit_status);
 }

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "util/errors.h"
+
 namespace sqbox {
 
 struct StageReport {
@@ -15,6 +17,9 @@ struct StageReport {
     uint8_t payload_started = 0;
     uint8_t payload_finished = 0;
     uint8_t timed_out = 0;
+    // The stage failed because the image's FUSE connection is gone: the image server died, and
+    // the supervisor, not this stage, tells the user (in one line, with the cause).
+    uint8_t image_server_lost = 0;
     int32_t wait_status = 0;  // raw wait status of the payload when payload_finished
     int64_t wall_ns = 0;
     int64_t cpu_ns = 0;
@@ -41,5 +46,13 @@ bool receive_last_report(int fd, StageReport& report);
 // How every stage fails: prints "sqbox: <message>", reports `exit_status` and the message on `fd`,
 // and exits with `exit_status`.
 [[noreturn]] void fail_stage(int fd, int exit_status, const std::string& message);
+
+// True for the errors of an operation on a FUSE mount whose server has died (the connection was
+// aborted): ECONNABORTED, ENOTCONN.
+bool is_lost_image_server(int system_errno);
+
+// fail_stage for `error`; if it is that of a lost image server, prints nothing and sets
+// image_server_lost: the supervisor's line about the server says it all.
+[[noreturn]] void fail_stage(int fd, int exit_status, const Error& error);
 
 }  // namespace sqbox

@@ -7,13 +7,20 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <sys/wait.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <cstring>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "image/squashfs_server.h"
+#include "runtime/image_server_confinement.h"
 #include "runtime/init.h"
 #include "runtime/payload.h"
 #include "runtime/rootfs.h"
@@ -40,7 +47,38 @@ std::string format_seconds(double seconds) {
     return buffer;
 }
 
+// How long the supervisor waits for an image server whose connection init found aborted: it is
+// on its way out (the kernel aborts the connection as it closes the dying server's descriptors).
+constexpr auto kLostServerWait = std::chrono::seconds(2);
+
+int wait_for_lost_server(ChildProcess& server) {
+    const auto deadline = Clock::now() + kLostServerWait;
+    for (;;) {
+        if (const std::optional<int> status = server.try_reap()) return *status;
+        if (Clock::now() >= deadline) break;
+        ::usleep(1000);
+    }
+    server.kill_and_reap();
+    return SIGKILL;  // a wait status: killed by SIGKILL
+}
+
 }  // namespace
+
+std::string describe_image_server_death(int wait_status) {
+    std::string text = "the image server died";
+    if (WIFSIGNALED(wait_status)) {
+        const int signal = WTERMSIG(wait_status);
+        if (signal == SIGSYS) {
+            text += " (killed by its seccomp filter: a system call serving never makes)";
+        } else {
+            text += " of signal " + std::to_string(signal) + " (" + ::strsignal(signal) + ")";
+        }
+        text += "; the image may be corrupt";
+    } else if (WIFEXITED(wait_status)) {
+        text += " (exit status " + std::to_string(WEXITSTATUS(wait_status)) + ")";
+    }
+    return text;
+}
 
 IdMapping map_ids_and_seal(const SandboxConfig& config) {
     const IdMapping ids{config.map_root ? 0 : config.outside_uid,
@@ -53,17 +91,9 @@ IdMapping map_ids_and_seal(const SandboxConfig& config) {
     return ids;
 }
 
-ChildProcess mount_image_and_serve(const ImageSource& image, const IdMapping& ids,
-                                   const std::vector<int>& close_in_server, int learn_fd) {
-    UniqueFd fuse;
-    if (image.kind == ImageSource::Kind::kSquashfs) {
-        fuse.reset(::open("/dev/fuse", O_RDWR | O_CLOEXEC));
-        if (!fuse) throw system_error("cannot open /dev/fuse");
-    }
-    enter_scratch_root();
-    mount_image(image, fuse.get(), ids);
-    if (image.kind != ImageSource::Kind::kSquashfs) return {};
-
+ChildProcess start_image_server(const ImageSource& image, int fuse_fd, const IdMapping& ids,
+                                const std::vector<int>& close_in_server, int learn_fd,
+                                ServerRecord* record) {
     const pid_t self = ::getpid();
     pid_t pid = ::fork();
     if (pid < 0) throw system_error("cannot start the image server");
@@ -73,11 +103,36 @@ ChildProcess mount_image_and_serve(const ImageSource& image, const IdMapping& id
             if (fd >= 0) (void)::close(fd);
         }
         const std::unique_ptr<ImageAccessRecorder> recorder = make_learning_recorder(learn_fd);
-        int status = serve_squashfs(image.squashfs.get(), fuse.get(),
-                                    {ids.inside_uid, ids.inside_gid, kImageDir, recorder.get()});
+        try {
+            confine_image_server({image.file.get(), fuse_fd, learn_fd});
+        } catch (const Error& e) {
+            print_error(e.what());
+            ::_exit(kExitSqboxFailure);
+        }
+        int status =
+            serve_squashfs(image.squashfs.get(), fuse_fd,
+                           {ids.inside_uid, ids.inside_gid, kImageDir, recorder.get(), record});
         ::_exit(status == 0 ? 0 : kExitSqboxFailure);
     }
-    return ChildProcess(pid);  // `fuse` closes here: the server holds the connection now
+    return ChildProcess(pid);
+}
+
+ChildProcess mount_image_and_serve(const ImageSource& image, const IdMapping& ids,
+                                   const std::vector<int>& close_in_server, int learn_fd,
+                                   UniqueFd* keep_fuse, ServerRecord* record) {
+    UniqueFd fuse;
+    if (image.kind == ImageSource::Kind::kSquashfs) {
+        fuse.reset(::open("/dev/fuse", O_RDWR | O_CLOEXEC));
+        if (!fuse) throw system_error("cannot open /dev/fuse");
+    }
+    enter_scratch_root();
+    mount_image(image, fuse.get(), ids);
+    if (image.kind != ImageSource::Kind::kSquashfs) return {};
+    ChildProcess server =
+        start_image_server(image, fuse.get(), ids, close_in_server, learn_fd, record);
+    // Unless kept, `fuse` closes here: the server holds the connection now, and it ends with it.
+    if (keep_fuse != nullptr) *keep_fuse = std::move(fuse);
+    return server;
 }
 
 void leave_process_group() {
@@ -169,11 +224,15 @@ SandboxEnd watch_sandbox(ChildProcess& init, ChildProcess& server, Clock::time_p
             continue;
         }
         (void)init.try_reap();
-        if (server.running() && server.try_reap()) {
-            end.server_died = true;
-            init.send(SIGKILL);
+        if (server.running()) {
+            if (const std::optional<int> status = server.try_reap()) {
+                end.server_died = true;
+                end.server_wait_status = *status;
+                init.send(SIGKILL);
+            }
         }
     }
+    if (server.running()) end.server = &server;
     return end;
 }
 
@@ -181,6 +240,12 @@ StageReport final_report(int init_report_fd, const SandboxEnd& end, Clock::time_
                          const SandboxConfig& config, int report_fd) {
     StageReport report;
     const bool reported = receive_last_report(init_report_fd, report) && !report.only_started();
+    std::optional<int> server_status;
+    if (end.server_died) server_status = end.server_wait_status;
+    if (!server_status && reported && report.image_server_lost != 0 && end.server != nullptr) {
+        // Init found the image's connection gone: the server has died or is dying.
+        server_status = wait_for_lost_server(*end.server);
+    }
     if (end.timed_out && !(reported && report.payload_finished)) {
         report.timed_out = 1;
         report.exit_status = kExitTimeout;
@@ -188,8 +253,9 @@ StageReport final_report(int init_report_fd, const SandboxEnd& end, Clock::time_
             "timed out after " + format_seconds(*config.timeout_seconds) + " s; sandbox killed";
         print_error(message);
         report.set_error(message);
-    } else if (end.server_died) {
-        fail_stage(report_fd, kExitSqboxFailure, "the image server died; sandbox killed");
+    } else if (server_status) {
+        fail_stage(report_fd, kExitSqboxFailure,
+                   describe_image_server_death(*server_status) + "; sandbox killed");
     } else if (!reported) {
         fail_stage(report_fd, kExitSqboxFailure, "sandbox init died unexpectedly");
     }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "image/image_source.h"
+#include "image/squashfs_server.h"
 #include "runtime/init.h"
 #include "runtime/sandbox_plan.h"
 #include "runtime/stage_report.h"
@@ -34,9 +35,16 @@ IdMapping map_ids_and_seal(const SandboxConfig& config);
 // Both supervisors: moves to the private scratch root, mounts `image` at /image and, for a
 // squashfs image, forks the FUSE server that serves it (closing `close_in_server` there).
 // Returns the server; no process for a directory image. `learn_fd`: where the server records
-// a learning run's lookups and reads (-1: not learning).
+// a learning run's lookups and reads (-1: not learning). sqbox serve keeps the connection's
+// /dev/fuse in `keep_fuse` and a ServerRecord, to start another server if this one dies.
 ChildProcess mount_image_and_serve(const ImageSource& image, const IdMapping& ids,
-                                   const std::vector<int>& close_in_server, int learn_fd = -1);
+                                   const std::vector<int>& close_in_server, int learn_fd = -1,
+                                   UniqueFd* keep_fuse = nullptr, ServerRecord* record = nullptr);
+
+// Forks a confined image server (runtime/image_server_confinement.h) answering on `fuse_fd`.
+ChildProcess start_image_server(const ImageSource& image, int fuse_fd, const IdMapping& ids,
+                                const std::vector<int>& close_in_server, int learn_fd,
+                                ServerRecord* record);
 
 // What the supervisor gets from the launcher. It owns the descriptors: each goes to the process
 // that needs it (init, the image server) and closes here once handed on.
@@ -95,6 +103,9 @@ void tell_init_image_ready(UniqueFd& image_ready);
 struct SandboxEnd {
     bool timed_out = false;
     bool server_died = false;
+    int server_wait_status = 0;  // when server_died
+    // The image server, if it was still running when init ended (final_report may wait for it).
+    ChildProcess* server = nullptr;
 };
 
 // Until init is gone: kills the sandbox at its deadline or when the image server dies, and passes
@@ -102,6 +113,10 @@ struct SandboxEnd {
 SandboxEnd watch_sandbox(ChildProcess& init, ChildProcess& server,
                          std::chrono::steady_clock::time_point started,
                          std::optional<double> timeout_seconds);
+
+// "the image server died of signal 11 (Segmentation fault); the image may be corrupt", from its
+// wait status.
+std::string describe_image_server_death(int wait_status);
 
 // Init's last report, completed with what only the supervisor knows (timeout, a dead image server
 // or init). Fails the stage (exits) when there is nothing to report.

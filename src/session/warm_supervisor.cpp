@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -12,7 +13,9 @@
 #include <chrono>
 #include <csignal>
 #include <map>
+#include <new>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "runtime/init.h"
 #include "runtime/signals.h"
@@ -30,6 +33,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
+
+// How many image servers may die in one sqbox serve before it gives up.
+constexpr int kMaxImageServerRestarts = 16;
 
 struct RunningSandbox {
     ChildProcess init;
@@ -59,8 +65,10 @@ class WarmSupervisor {
     WarmSupervisor(const WarmSupervisorContext& context, const IdMapping& ids)
         : context_(context), ids_(ids) {}
 
-    [[noreturn]] void serve(ChildProcess server) {
+    [[noreturn]] void serve(ChildProcess server, UniqueFd fuse, ServerRecord* record) {
         fuse_server_ = std::move(server);
+        fuse_ = std::move(fuse);
+        record_ = record;
         sigset_t signals = pipeline_signals();
         UniqueFd signal_fd(::signalfd(-1, &signals, SFD_CLOEXEC | SFD_NONBLOCK));
         if (!signal_fd) throw system_error("signalfd");
@@ -111,10 +119,10 @@ class WarmSupervisor {
     }
 
     void reap() {
-        if (fuse_server_.running() && fuse_server_.try_reap()) {
-            // Without the image no sandbox can go on; the server sees us exit.
-            print_error("the image server died; stopping every sandbox");
-            ::_exit(kExitSqboxFailure);
+        if (fuse_server_.running()) {
+            if (const std::optional<int> status = fuse_server_.try_reap()) {
+                restart_image_server(*status);
+            }
         }
         for (auto it = sandboxes_.begin(); it != sandboxes_.end();) {
             if (!it->second.init.try_reap()) {
@@ -124,6 +132,33 @@ class WarmSupervisor {
             finish(it->first, it->second);
             it = sandboxes_.erase(it);
         }
+    }
+
+    // The connection lives on in `fuse_`: the request the dead server was answering fails with
+    // EIO, and a new server answers the rest, so the sandboxes and sessions of the server go on.
+    // An image that keeps killing its servers stops everything, as without restarts.
+    void restart_image_server(int wait_status) {
+        const std::string death = describe_image_server_death(wait_status);
+        if (++restarts_ > kMaxImageServerRestarts || !fuse_) {
+            print_error(death + "; stopping every sandbox");
+            ::_exit(kExitSqboxFailure);
+        }
+        answer_lost_request();
+        fuse_server_ = start_image_server(*context_.image, fuse_.get(), ids_, {context_.control_fd},
+                                          -1, record_);
+        print_error(death + "; started another (the request it was answering failed with EIO)");
+    }
+
+    void answer_lost_request() {
+        if (record_ == nullptr || record_->request_unique == 0) return;
+        struct {
+            uint32_t length;
+            int32_t error;
+            uint64_t unique;
+        } reply{16, -EIO, record_->request_unique};
+        record_->request_unique = 0;
+        // ENOENT: it had been answered (or the id was not a request's).
+        (void)!::write(fuse_.get(), &reply, sizeof reply);
     }
 
     void finish(uint64_t key, RunningSandbox& sandbox) {
@@ -256,6 +291,9 @@ class WarmSupervisor {
     WarmSupervisorContext context_;
     IdMapping ids_;
     ChildProcess fuse_server_;
+    UniqueFd fuse_;  // the image's FUSE connection, for the servers started after the first
+    ServerRecord* record_ = nullptr;
+    int restarts_ = 0;
     std::map<uint64_t, RunningSandbox> sandboxes_;
 };
 
@@ -275,13 +313,21 @@ void run_warm_supervisor(const WarmSupervisorContext& context) {
         null.reset();
         close_fds_except({context.image->file.get(), context.control_fd});
         const IdMapping ids = map_ids_and_seal(base);
-        ChildProcess server = mount_image_and_serve(*context.image, ids, {context.control_fd});
+        // Shared with every image server (see ServerRecord); never unmapped: it lives as long as
+        // this process.
+        void* shared = ::mmap(nullptr, sizeof(ServerRecord), PROT_READ | PROT_WRITE,
+                              MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        if (shared == MAP_FAILED) throw system_error("cannot map the image server's record");
+        auto* record = new (shared) ServerRecord;
+        UniqueFd fuse;
+        ChildProcess server =
+            mount_image_and_serve(*context.image, ids, {context.control_fd}, -1, &fuse, record);
         if (::mkdir("/session", 0755) != 0) throw system_error("cannot create /session");
         write_file_at(AT_FDCWD, kDriverPathInScratch, context.driver_source, O_EXCL | O_NOFOLLOW,
                       0644);
         send_fd_message(context.control_fd, MessageTag::kReady, "", {},
                         "cannot tell the server we are ready");
-        WarmSupervisor(context, ids).serve(std::move(server));
+        WarmSupervisor(context, ids).serve(std::move(server), std::move(fuse), record);
     } catch (const Error& e) {
         try {
             send_fd_message(context.control_fd, MessageTag::kFailed,

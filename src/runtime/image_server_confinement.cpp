@@ -1,0 +1,183 @@
+#include "runtime/image_server_confinement.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <seccomp.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "runtime/mounts.h"
+#include "runtime/rootfs.h"
+#include "security/capabilities.h"
+#include "util/errors.h"
+#include "util/process.h"
+#include "util/unique_fd.h"
+
+namespace sqbox {
+namespace {
+
+// Where the server's own root is assembled, in its own copy of the supervisor's namespace (the
+// directory is empty there: only init's copies ever mount on it).
+constexpr const char* kAssemblyDir = kSandboxDir;
+
+// The system calls of serving, without conditions on their arguments:
+//  - libfuse's request loop: read a request, reply with writev, or splice the image's pages
+//    through a pipe (pipe2, vmsplice, splice); poll between bursts;
+//  - libsquashfuse: pread of the image, malloc (brk, mmap, ...);
+//  - the read-ahead thread: openat2 below its own mount (which is all its root holds),
+//    readahead, close; thread start and end (futex, rseq, set_robust_list, madvise);
+//  - a learning run's record: write;
+//  - glibc's clocks when the vDSO falls back, abort() (tgkill below), exit.
+// Not among them: anything with other processes (kill, ptrace, process_vm_*), new processes,
+// sockets, ioctl, mounts and namespaces, execve, changing identity or limits.
+constexpr const char* kServingSyscalls[] = {
+    "read",
+    "readv",
+    "pread64",
+    "write",
+    "writev",
+    "pipe2",
+    "splice",
+    "vmsplice",
+    "poll",
+    "ppoll",
+    "close",
+    "openat",
+    "openat2",
+    "readahead",
+    "fstat",
+    "newfstatat",
+    "lseek",
+    "brk",
+    "mmap",
+    "munmap",
+    "mremap",
+    "mprotect",
+    "madvise",
+    "futex",
+    "set_robust_list",
+    "rseq",
+    "rt_sigprocmask",
+    "rt_sigaction",
+    "rt_sigreturn",
+    "restart_syscall",
+    "sched_yield",
+    "sched_getaffinity",
+    "getpid",
+    "gettid",
+    "getuid",
+    "getrandom",
+    "clock_gettime",
+    "gettimeofday",
+    "clock_nanosleep",
+    "nanosleep",
+    "exit",
+    "exit_group",
+};
+
+class SeccompFilter {
+  public:
+    SeccompFilter() : filter_(::seccomp_init(SCMP_ACT_KILL_PROCESS), ::seccomp_release) {
+        if (!filter_) throw Error("seccomp_init failed");
+        // Calls of another architecture's ABI (int 0x80, x32) die too.
+        check(::seccomp_attr_set(filter_.get(), SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS),
+              "badarch");
+    }
+
+    void add(uint32_t action, const char* name, std::vector<scmp_arg_cmp> conditions = {}) {
+        const int number = ::seccomp_syscall_resolve_name(name);
+        if (number == __NR_SCMP_ERROR) return;  // not a system call of this architecture
+        check(::seccomp_rule_add_array(filter_.get(), action, number,
+                                       static_cast<unsigned>(conditions.size()), conditions.data()),
+              name);
+    }
+
+    void load() { check(::seccomp_load(filter_.get()), "load"); }
+
+  private:
+    static void check(int err, const char* what) {
+        if (err < 0) {
+            throw Error(std::string("image server seccomp filter (") + what +
+                        "): " + std::strerror(-err));
+        }
+    }
+
+    std::unique_ptr<void, void (*)(scmp_filter_ctx)> filter_;
+};
+
+// Stdin, stdout and stderr to /dev/null, every other descriptor closed but `keep_fds`.
+void keep_only(const std::vector<int>& keep_fds) {
+    const std::string null_path = std::string(kOldRootDir) + "/dev/null";
+    UniqueFd null(::open(null_path.c_str(), O_RDWR | O_CLOEXEC));
+    if (!null) throw system_error("cannot open /dev/null");
+    for (int fd = 0; fd < 3; ++fd) {
+        if (::dup2(null.get(), fd) < 0) throw system_error("dup2 /dev/null");
+    }
+    null.reset();
+    close_fds_except(keep_fds);
+}
+
+// A mount namespace of its own whose root is an empty read-only tmpfs holding only the image's
+// FUSE mount: no path leads to the host (the supervisor's /oldroot), the sandboxes' layers or
+// the unpacked files. Mount calls are then out of reach (seccomp), so it stays that way.
+void enter_empty_root() {
+    if (::unshare(CLONE_NEWNS) != 0) throw system_error("unshare(CLONE_NEWNS)");
+    UniqueFd root = create_filesystem(
+        "tmpfs", {{"mode", "0555"}, {"size", "4k"}, {"nr_inodes", "4"}},
+        MountAttr::kNoSuid | MountAttr::kNoDev | MountAttr::kNoExec, "the image server's root");
+    if (::mkdirat(root.get(), kImageDir + 1, 0555) != 0) {
+        throw system_error("cannot create the image server's mount point");
+    }
+    attach_mount_at(root.get(), kAssemblyDir, "the image server's root");
+    UniqueFd image = clone_mount_tree(AT_FDCWD, kImageDir, false, "the image for its server");
+    attach_mount_at(image.get(), std::string(kAssemblyDir) + kImageDir, "the image for its server");
+    set_mount_attributes(root.get(), MountAttr::kReadOnly, 0, false, "the image server's root");
+    UniqueFd new_root(::open(kAssemblyDir, O_PATH | O_DIRECTORY | O_CLOEXEC));
+    if (!new_root) throw system_error("cannot open the image server's root");
+    pivot_into(new_root.get());
+}
+
+void limit_memory() {
+    const rlimit data{kImageServerDataLimitBytes, kImageServerDataLimitBytes};
+    const rlimit none{0, 0};
+    if (::setrlimit(RLIMIT_DATA, &data) != 0 || ::setrlimit(RLIMIT_CORE, &none) != 0) {
+        throw system_error("cannot limit the image server's memory");
+    }
+}
+
+}  // namespace
+
+void install_image_server_filter() {
+    SeccompFilter filter;
+    for (const char* name : kServingSyscalls) filter.add(SCMP_ACT_ALLOW, name);
+    // Threads only (the read-ahead thread): no process. clone3's flags are in memory the filter
+    // cannot read, so it fails and glibc falls back to clone.
+    filter.add(SCMP_ACT_ALLOW, "clone", {SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_THREAD, CLONE_THREAD)});
+    filter.add(SCMP_ACT_ERRNO(ENOSYS), "clone3");
+    // The descriptor flags libfuse sets (O_NONBLOCK, the splice pipe's size), and no duplicate.
+    for (const int command : {F_GETFD, F_SETFD, F_GETFL, F_SETFL, F_GETPIPE_SZ, F_SETPIPE_SZ}) {
+        filter.add(SCMP_ACT_ALLOW, "fcntl", {SCMP_A1(SCMP_CMP_EQ, static_cast<uint64_t>(command))});
+    }
+    // The read-ahead thread lowers its own priority; signals only to itself (abort()).
+    filter.add(
+        SCMP_ACT_ALLOW, "setpriority",
+        {SCMP_A0(SCMP_CMP_EQ, static_cast<uint64_t>(PRIO_PROCESS)), SCMP_A1(SCMP_CMP_EQ, 0)});
+    filter.add(SCMP_ACT_ALLOW, "tgkill", {SCMP_A0(SCMP_CMP_EQ, static_cast<uint64_t>(::getpid()))});
+    filter.load();
+}
+
+void confine_image_server(const std::vector<int>& keep_fds) {
+    keep_only(keep_fds);
+    enter_empty_root();
+    limit_memory();
+    drop_all_privileges();  // capabilities, bounding set, securebits, no_new_privs
+    install_image_server_filter();
+}
+
+}  // namespace sqbox

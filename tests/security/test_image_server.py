@@ -1,0 +1,235 @@
+"""The image server: the process that parses the image (libsquashfuse) for the sandbox.
+
+A crafted image that takes the parser over must find nothing to use there. These tests look at
+the running server from the outside (its /proc entries, as the host sees them) for every layer
+SECURITY.md names, and feed sqbox corrupted images: each run ends cleanly (exit 0, or 125 with
+one line), never hangs, and leaves nothing behind.
+"""
+import json
+import os
+import random
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from escape_support import GRACE, SANDBOX_TIMEOUT
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "support"))
+
+from host_mounts import fuse_connections, new_fuse_connections  # noqa: E402
+from host_processes import children  # noqa: E402
+
+# RLIMIT_DATA of the server (runtime/image_server_confinement.h).
+SERVER_DATA_LIMIT = 1 << 30
+
+
+def status_fields(pid):
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        fields[key] = value.strip()
+    return fields
+
+
+def find_image_server(launcher_pid):
+    """The image server below the launcher (or sqbox serve): the supervisor's child that shares
+    the supervisor's pid namespace (init is PID 1 of a new one, so its NSpid has two ids)."""
+    supervisors = children(launcher_pid)
+    assert len(supervisors) == 1, f"the launcher's children: {supervisors}"
+    servers = [pid for pid in children(supervisors[0])
+               if len(status_fields(pid)["NSpid"].split()) == 1 and pid not in children(launcher_pid)]
+    assert len(servers) == 1, f"the supervisor's children: {children(supervisors[0])}"
+    return servers[0]
+
+
+def mount_points(pid):
+    """(mount point, filesystem type, mount options, superblock options) of pid's mounts."""
+    mounts = []
+    for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        fields = left.split()
+        fstype, _, super_options = right.split()
+        mounts.append((fields[4], fstype, fields[5].split(","), super_options.split(",")))
+    return mounts
+
+
+def test_the_running_image_server_holds_nothing_a_parser_bug_could_use(box):
+    sandbox = subprocess.Popen(box.argv(box.python_image, ["sh", "-c", "echo ready; read x; true",
+                                                           box.marker]),
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        assert sandbox.stdout.readline() == "ready\n", sandbox.stderr.read()
+        server = find_image_server(sandbox.pid)
+
+        # No capability in any set, no_new_privs, and seccomp in filter mode, in every thread
+        # (the read-ahead thread included).
+        tasks = os.listdir(f"/proc/{server}/task")
+        assert len(tasks) >= 1
+        for task in tasks:
+            status = status_fields(f"{server}/task/{task}")
+            for capability_set in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+                assert int(status[capability_set], 16) == 0, (task, capability_set, status)
+            assert status["NoNewPrivs"] == "1", status
+            assert status["Seccomp"] == "2", status
+
+        # A memory limit, and no core dump.
+        limits = {}
+        for line in Path(f"/proc/{server}/limits").read_text().splitlines()[1:]:
+            name = line[:26].strip()
+            limits[name] = line[26:].split()[:2]
+        assert limits["Max data size"] == [str(SERVER_DATA_LIMIT)] * 2, limits
+        assert limits["Max core file size"] == ["0", "0"], limits
+
+        # Its own file system: an empty read-only tmpfs as the root and its own FUSE mount;
+        # no host path, no /oldroot.
+        mounts = mount_points(server)
+        assert [m[0] for m in mounts] == ["/", "/image"], mounts
+        root, image = mounts
+        assert root[1] == "tmpfs" and "ro" in root[2], root
+        assert image[1] == "fuse.sqbox" and "ro" in image[2], image
+
+        if os.geteuid() == 0:
+            assert os.listdir(f"/proc/{server}/root") == ["image"]
+            assert not os.path.exists(f"/proc/{server}/root/oldroot")
+            # Its descriptors: /dev/null as stdio, the image, /dev/fuse, and what it opened
+            # itself (files of its own mount to read ahead, splice pipes). Nothing of the
+            # supervisor's: no report pipe, no socket, no cgroup file, no host directory.
+            fds = {int(fd): os.readlink(f"/proc/{server}/fd/{fd}")
+                   for fd in os.listdir(f"/proc/{server}/fd")}
+            assert all(fds[fd].endswith("/dev/null") for fd in (0, 1, 2)), fds
+            others = [target for fd, target in fds.items() if fd > 2]
+            assert sum(target == box.python_image for target in others) == 1, fds
+            assert sum(target.endswith("/dev/fuse") for target in others) == 1, fds
+            for target in others:
+                assert (target == box.python_image or target.endswith("/dev/fuse")
+                        or target == "/image" or target.startswith("/image/")
+                        or target.startswith("pipe:")), fds
+        else:
+            # Not dumpable: the caller's own account cannot look into it (nor ptrace it).
+            with pytest.raises(PermissionError):
+                os.listdir(f"/proc/{server}/fd")
+            with pytest.raises(PermissionError):
+                os.listdir(f"/proc/{server}/root")
+    finally:
+        sandbox.stdin.close()
+        sandbox.wait(timeout=SANDBOX_TIMEOUT + GRACE)
+    assert sandbox.returncode == 0, sandbox.stderr.read()
+
+
+def squashfs_tables(data):
+    """Offsets of the inode table, the directory table and what follows them."""
+    inode_table, directory_table, fragment_table, lookup_table = struct.unpack_from(
+        "<qqqq", data, 64)
+    id_table = struct.unpack_from("<q", data, 48)[0]
+    following = [t for t in (fragment_table, lookup_table, id_table) if t > directory_table]
+    return inode_table, directory_table, min(following)
+
+
+@pytest.fixture(scope="module")
+def small_image_and_tools(tmp_path_factory, busybox_rootfs):
+    """An uncompressed image of a small tree (files of several sizes, symlinks, /etc of the
+    busybox image), and a static busybox outside it to walk it with."""
+    base = tmp_path_factory.mktemp("corrupted-images")
+    base.chmod(0o755)
+    tree = base / "tree"
+    shutil.copytree(busybox_rootfs / "etc", tree / "etc", symlinks=True)
+    rng = random.Random(7)
+    for i in range(40):
+        directory = tree / ["data", "data/a", "data/a/b", "lib"][i % 4]
+        directory.mkdir(parents=True, exist_ok=True)
+        size = rng.choice([10, 3000, 70000, 300000])
+        (directory / f"f{i}").write_bytes(rng.randbytes(size))
+        if i % 5 == 0:
+            (directory / f"l{i}").symlink_to(f"f{i}")
+    image = base / "base.sqsh"
+    subprocess.run(["mksquashfs", str(tree), str(image), "-noI", "-noD", "-noF", "-noX",
+                    "-all-root", "-all-time", "0", "-mkfs-time", "0", "-noappend", "-quiet",
+                    "-no-progress"], check=True, stdout=subprocess.DEVNULL, timeout=120)
+    tools = base / "tools"
+    tools.mkdir()
+    shutil.copy(busybox_rootfs / "bin" / "busybox", tools / "busybox")
+    for path in (image, tools, tools / "busybox"):
+        path.chmod(0o755)
+    return image, tools
+
+
+# Reads every file and lists every directory and symlink of the image, ignoring what fails:
+# the payload itself always ends with 0, so any other status is sqbox's.
+WALK = ("B=/tools/busybox; $B find / \\( -path /proc -o -path /dev -o -path /sys -o -path /tools"
+        " \\) -prune -o -type f -exec $B cat {} + >/dev/null 2>&1; $B ls -lR / >/dev/null 2>&1;"
+        " exit 0")
+
+
+def test_corrupted_images_end_in_one_line_never_a_hang(box, small_image_and_tools, tmp_path):
+    base_image, tools = small_image_and_tools
+    data = base_image.read_bytes()
+    inode_table, _, tables_end = squashfs_tables(data)
+    connections_before = fuse_connections()
+    outcomes = {}
+    for seed in range(60):
+        rng = random.Random(seed)
+        corrupted = bytearray(data)
+        for _ in range(rng.randint(1, 8)):  # inode or directory table bytes
+            corrupted[rng.randrange(inode_table, tables_end)] ^= rng.randint(1, 255)
+        image = tmp_path / f"corrupted-{seed}.sqsh"
+        image.write_bytes(corrupted)
+        image.chmod(0o644)
+        result = box.run(str(image), "/tools/busybox", "sh", "-c", WALK, box.marker,
+                         options=["--mount", f"{tools}:/tools:ro"])
+        lines = result.stderr.splitlines()
+        if result.returncode == 0:
+            assert lines == [], (seed, result.stderr)
+        else:
+            assert result.returncode == 125, (seed, result.returncode, result.stderr)
+            assert len(lines) == 1 and lines[0].startswith("sqbox: "), (seed, result.stderr)
+        outcomes.setdefault(result.returncode, []).append(lines[0] if lines else "")
+        image.unlink()
+    # The flips reached the parser: some runs found the image broken, some killed its server.
+    assert 125 in outcomes and 0 in outcomes, outcomes
+    assert any("the image server died" in line for line in outcomes[125]), outcomes
+    assert new_fuse_connections(connections_before) == []
+
+
+def test_under_serve_a_crashed_image_server_is_replaced_and_sessions_go_on(sqbox_bin,
+                                                                         python_image, marker):
+    server = subprocess.Popen([sqbox_bin, "serve", "--env", f"MARKER={marker}", python_image], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def ask(request):
+        server.stdin.write(json.dumps(request) + "\n")
+        server.stdin.flush()
+        while True:
+            line = server.stdout.readline()
+            assert line, server.stderr.read()
+            answer = json.loads(line)
+            if answer.get("id") == request["id"] and "ok" in answer:
+                return answer
+
+    try:
+        assert ask({"id": 1, "op": "session_open"})["ok"]
+        assert ask({"id": 2, "op": "exec", "session": "s1", "code": "x = 41\nx + 1"})["value"] == "42"
+        image_server = find_image_server(server.pid)
+        # What a parser crash does to it (the server runs as the caller: the caller may signal it).
+        os.kill(image_server, signal.SIGSEGV)
+        # The session lives on, and reads files it never read before through the new server.
+        answer = ask({"id": 3, "op": "exec", "session": "s1",
+                      "code": "import decimal, fractions, statistics\nx + 2"})
+        assert answer["ok"] and answer["error"] is None and answer["value"] == "43", answer
+        answer = ask({"id": 4, "op": "run", "code": "print(6 * 7)"})
+        assert answer["ok"] and answer["stdout"] == "42\n", answer
+        replacement = find_image_server(server.pid)
+        assert replacement != image_server
+        assert status_fields(replacement)["Seccomp"] == "2"
+    finally:
+        server.stdin.close()
+        server.wait(timeout=SANDBOX_TIMEOUT + GRACE)
+    lines = server.stderr.read().splitlines()
+    assert lines == ["sqbox: the image server died of signal 11 (Segmentation fault); the image may "
+                     "be corrupt; started another (the request it was answering failed with EIO)"]
+    assert server.returncode == 0
