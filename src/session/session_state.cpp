@@ -13,17 +13,23 @@
 namespace sqbox {
 namespace {
 
-// 128 random bits, as hex: what the code in the session would have to read from the driver's
-// memory to write messages the server takes for the driver's.
-std::string random_token() {
-    std::array<unsigned char, 16> bytes{};
+template <size_t N>
+std::array<unsigned char, N> random_bytes() {
+    std::array<unsigned char, N> bytes{};
     size_t filled = 0;
     while (filled < bytes.size()) {
         const ssize_t n = ::getrandom(bytes.data() + filled, bytes.size() - filled, 0);
         if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) throw system_error("cannot make the session driver's token (getrandom)");
+        if (n <= 0) throw system_error("cannot draw random numbers for the session (getrandom)");
         filled += static_cast<size_t>(n);
     }
+    return bytes;
+}
+
+// 128 random bits, as hex: what the code in the session would have to read from the driver's
+// memory to write messages the server takes for the driver's.
+std::string random_token() {
+    const auto bytes = random_bytes<16>();
     static constexpr char kHex[] = "0123456789abcdef";
     std::string token;
     for (const unsigned char byte : bytes) {
@@ -31,6 +37,17 @@ std::string random_token() {
         token += kHex[byte & 0xf];
     }
     return token;
+}
+
+// A request's number: random (63 bits, exact in any JSON reader), so that code that has read the
+// number of the request it runs in cannot tell the next one's.
+uint64_t random_request_number(uint64_t previous) {
+    for (;;) {
+        uint64_t number = 0;
+        for (const unsigned char byte : random_bytes<8>()) number = (number << 8) | byte;
+        number >>= 1;
+        if (number != 0 && number != previous) return number;
+    }
 }
 
 }  // namespace
@@ -191,7 +208,7 @@ void Session::pump() {
     state_ = State::kBusy;
     interrupted_ = false;
     tool_call_pending_ = false;
-    current_seq_ = ++last_seq_;
+    current_seq_ = random_request_number(current_seq_);
     to_driver["seq"] = current_seq_;
     port_.send_to_driver(*this, to_driver);
 }

@@ -10,11 +10,12 @@
 //
 // The driver shares its process with the session's code, which can write on the driver's
 // channel too. Each sandbox's driver gets a random token in its first line (`hello`, before any
-// code runs) and every request a sequence number; the driver's messages carry both, and the
+// code runs) and every request a random number (`seq`); the driver's messages carry both, and the
 // session takes only a `ready` while starting and only a result or tool call of the request it is
 // serving. A line forged without the token is ignored; one forged with it (the code read the
-// driver's memory) can at most answer the request it arrived in: the real result of that request
-// comes later with a stale number and is dropped, and the next request gets its own answer.
+// driver's memory) can at most answer the request it runs in: the real result of that request
+// comes later with a stale number and is dropped, and the next request's number is not known
+// before the driver reads it.
 #pragma once
 
 #include <chrono>
@@ -131,8 +132,7 @@ class Session {
     bool tool_call_pending_ = false;       // the driver waits for the client's answer...
     json pending_call_id_;                 // ...to this call
     std::string token_;                    // this sandbox's driver's, from the hello
-    uint64_t last_seq_ = 0;                // the last request's sequence number
-    uint64_t current_seq_ = 0;             // the number of the request being served
+    uint64_t current_seq_ = 0;             // the number of the request being served (or last)
     uint64_t output_limit_;                // each exec's default cap per stream
     std::vector<json> answer_when_ready_;  // ids of a session_open and resets
     LineBuffer driver_lines_;              // from the driver's stdout

@@ -134,9 +134,12 @@ TEST_F(SessionStateTest, LinesMayArriveInPiecesAndSeveralAtOnce) {
     session.driver_output(R"(ady", "token": ")" + port_.token + "\"}");
     EXPECT_EQ(session.state(), Session::State::kStarting);
     session.submit(request(R"({"id": 2, "op": "exec", "session": "s1", "code": "1"})"));
-    session.driver_output("\n"
-                          R"({"event": "result", "seq": 1, "value": "1", "token": ")" +
-                          port_.token + "\"}\n");
+    session.driver_output("\n");
+    const std::string result = R"({"event": "result", "seq": )" +
+                               std::to_string(port_.seqs.at(0)) + R"(, "value": "1", "token": ")" +
+                               port_.token + "\"}\n";
+    session.driver_output(result + result.substr(0, 9));  // and the start of a stale one
+    EXPECT_EQ(session.state(), Session::State::kIdle);
     EXPECT_EQ(port_.take_answers(), (Lines{R"({"id":1,"ok":true,"session":"s1"})",
                                            R"({"value":"1","id":2,"ok":true,"timed_out":false})"}));
 }
@@ -438,7 +441,14 @@ TEST_F(SessionStateTest, EachRequestHasANewNumberAndEachSandboxANewToken) {
     session.submit(request(R"({"id": 2, "op": "exec", "session": "s1", "code": "a"})"));
     from_driver(R"({"event": "result"})");
     session.submit(request(R"({"id": 3, "op": "get", "session": "s1", "path": "/p"})"));
-    EXPECT_EQ(port_.seqs, (std::vector<uint64_t>{1, 2, 3}));
+    // Random, so that code that knows its own request's number cannot tell the next one's.
+    ASSERT_EQ(port_.seqs.size(), 3U);
+    EXPECT_NE(port_.seqs[0], port_.seqs[1]);
+    EXPECT_NE(port_.seqs[1], port_.seqs[2]);
+    for (const uint64_t seq : port_.seqs) {
+        EXPECT_NE(seq, 0U);
+        EXPECT_LT(seq, uint64_t{1} << 63);
+    }
     session.reset(4);
     EXPECT_EQ(port_.hellos, 2);
     EXPECT_NE(port_.token, first_token);
@@ -446,8 +456,8 @@ TEST_F(SessionStateTest, EachRequestHasANewNumberAndEachSandboxANewToken) {
     raw_from_driver(R"({"event": "ready", "token": ")" + first_token + "\"}");
     EXPECT_EQ(session.state(), Session::State::kStarting);
     from_driver(R"({"event": "ready"})");
-    EXPECT_EQ(session.state(), Session::State::kBusy);  // the tools request, number 4
-    EXPECT_EQ(port_.seqs.back(), 4U);
+    EXPECT_EQ(session.state(), Session::State::kBusy);  // the tools request
+    EXPECT_EQ(port_.seqs.size(), 4U);
 }
 
 TEST_F(SessionStateTest, LinesWithoutTheTokenAreIgnored) {
@@ -520,15 +530,19 @@ TEST_F(SessionStateTest, AForgedResultWithTheTokenSpoilsOnlyTheRequestItCameIn) 
     session.submit(request(R"j({"id": 3, "op": "exec", "session": "s1", "code": "check()"})j"));
     port_.to_driver.clear();
     const uint64_t forged_seq = port_.seqs.back();
-    // The code forges its own request's result (and one for the next request, in advance).
-    from_driver(R"({"event": "result", "seq": )" + std::to_string(forged_seq + 1) +
-                R"(, "value": "'forged for 3'"})");
+    // The code forges its own request's result, and then guesses at the next request's number.
     from_driver(R"({"event": "result", "value": "'forged'"})");
     EXPECT_EQ(port_.take_answers(),
               Lines{R"({"value":"'forged'","id":2,"ok":true,"timed_out":false})"});
     EXPECT_EQ(port_.take_to_driver(),
               Lines{R"j({"op":"exec","code":"check()","output_limit":1048576})j"});
-    EXPECT_EQ(port_.seqs.back(), forged_seq + 1);
+    const uint64_t next_seq = port_.seqs.back();
+    for (const uint64_t guess : {forged_seq + 1, forged_seq - 1, uint64_t{0}, uint64_t{1}}) {
+        if (guess == next_seq) continue;  // one chance in 2^63 that a guess is right
+        from_driver(R"({"event": "result", "seq": )" + std::to_string(guess) +
+                    R"(, "value": "'forged for 3'"})");
+    }
+    EXPECT_TRUE(port_.answers.empty());
     // The code goes on: its tool calls are refused to the driver, its real result is dropped.
     from_driver(R"({"event": "tool_call", "seq": )" + std::to_string(forged_seq) +
                 R"(, "call_id": "c1", "name": "search"})");
