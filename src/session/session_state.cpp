@@ -92,8 +92,8 @@ void Session::submit(json request) {
 
 void Session::tool_result(const json& request) {
     const auto call_id = request.find("call_id");
-    const bool usable_id = call_id != request.end() &&
-                           (call_id->is_string() || call_id->is_number_integer());
+    const bool usable_id =
+        call_id != request.end() && (call_id->is_string() || call_id->is_number_integer());
     // Too late (the exec has ended, or the answer is to an earlier call) or never asked for:
     // dropped.
     if (state_ != State::kBusy || !tool_call_pending_) {

@@ -135,9 +135,8 @@ TEST_F(SessionStateTest, LinesMayArriveInPiecesAndSeveralAtOnce) {
     EXPECT_EQ(session.state(), Session::State::kStarting);
     session.submit(request(R"({"id": 2, "op": "exec", "session": "s1", "code": "1"})"));
     session.driver_output("\n");
-    const std::string result = R"({"event": "result", "seq": )" +
-                               std::to_string(port_.seqs.at(0)) + R"(, "value": "1", "token": ")" +
-                               port_.token + "\"}\n";
+    const std::string result = R"({"event": "result", "seq": )" + std::to_string(port_.seqs.at(0)) +
+                               R"(, "value": "1", "token": ")" + port_.token + "\"}\n";
     session.driver_output(result + result.substr(0, 9));  // and the start of a stale one
     EXPECT_EQ(session.state(), Session::State::kIdle);
     EXPECT_EQ(port_.take_answers(), (Lines{R"({"id":1,"ok":true,"session":"s1"})",
@@ -483,8 +482,7 @@ TEST_F(SessionStateTest, LinesWithoutTheTokenAreIgnored) {
     EXPECT_TRUE(port_.signals.empty());
     EXPECT_EQ(session.state(), Session::State::kBusy);
     from_driver(R"({"event": "result", "value": "'a'"})");
-    EXPECT_EQ(port_.take_answers(),
-              Lines{R"({"value":"'a'","id":2,"ok":true,"timed_out":false})"});
+    EXPECT_EQ(port_.take_answers(), Lines{R"({"value":"'a'","id":2,"ok":true,"timed_out":false})"});
 }
 
 TEST_F(SessionStateTest, MessagesOutOfTurnAreIgnored) {
@@ -516,8 +514,7 @@ TEST_F(SessionStateTest, AReadyAfterTheStartIsIgnored) {
     EXPECT_EQ(session.state(), Session::State::kBusy);
     // The request being served gets its own result, and the next one goes to the driver.
     from_driver(R"({"event": "result", "value": "'a'"})");
-    EXPECT_EQ(port_.take_answers(),
-              Lines{R"({"value":"'a'","id":2,"ok":true,"timed_out":false})"});
+    EXPECT_EQ(port_.take_answers(), Lines{R"({"value":"'a'","id":2,"ok":true,"timed_out":false})"});
     EXPECT_EQ(port_.take_to_driver(), Lines{R"({"op":"exec","code":"b","output_limit":1048576})"});
     from_driver(R"({"event": "result"})");
     EXPECT_EQ(port_.take_answers(), Lines{R"({"id":3,"ok":true,"timed_out":false})"});
