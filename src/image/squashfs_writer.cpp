@@ -469,8 +469,10 @@ bool ImageWriter::reference_has_same_setid_file(int fd, const struct stat& st,
         if (count < 0) throw source_error("cannot read", path);
         if (count == 0) return false;  // shorter than it was: changed while being read
         const ssize_t other = read_full(reference.get(), theirs.data(), static_cast<size_t>(count));
-        if (other != count || std::memcmp(ours.data(), theirs.data(), static_cast<size_t>(count)))
+        if (other != count ||
+            std::memcmp(ours.data(), theirs.data(), static_cast<size_t>(count)) != 0) {
             return false;
+        }
         offset += count;
     }
     return true;
