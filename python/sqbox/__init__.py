@@ -8,7 +8,7 @@ The binary is the `binary=` argument, else `$SQBOX_BIN`, else `sqbox` on `$PATH`
 """
 from ._aio import AsyncSandbox, AsyncSession
 from ._binary import find_binary
-from ._errors import SandboxExecError, SessionDead, SqboxError
+from ._errors import ProtocolError, SandboxExecError, SessionDead, SqboxError
 from ._results import ExecError, ExecResult, Result
 from ._sync import Sandbox, Session, run
 
@@ -19,6 +19,7 @@ __all__ = [
     "AsyncSession",
     "ExecError",
     "ExecResult",
+    "ProtocolError",
     "Result",
     "Sandbox",
     "SandboxExecError",

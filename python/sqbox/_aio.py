@@ -65,7 +65,7 @@ class AsyncSandbox:
         self._reader = asyncio.ensure_future(self._read_replies())
         try:
             reply = await self._request({"op": "ping"}, timeout=self._start_timeout)
-            self.version = str(reply.get("version", ""))
+            self.version = proto.version_from_ping_reply(reply)
         except BaseException:
             await self.aclose()
             raise
@@ -81,8 +81,7 @@ class AsyncSandbox:
     async def ping(self, timeout: Optional[float] = None) -> str:
         """Check that the server answers; returns its version string."""
         reply = await self._request({"op": "ping"}, timeout=timeout)
-        proto.raise_for_reply(reply, "ping")
-        return str(reply.get("version", ""))
+        return proto.version_from_ping_reply(reply)
 
     async def run(self, cmd: Command, *, timeout: Optional[float] = None,
                   memory: Optional[Size] = None, mounts: Optional[Iterable[MountSpec]] = None,
@@ -104,8 +103,7 @@ class AsyncSandbox:
                                                       output_limit=output_limit,
                                                       tools=list(functions))
         reply = await self._request(request)
-        proto.raise_for_reply(reply, "session_open")
-        session = AsyncSession(self, str(reply["session"]), functions,
+        session = AsyncSession(self, proto.session_from_open_reply(reply), functions,
                                proto.pick(timeout, self._defaults.timeout))
         self._sessions[session.id] = session
         return session

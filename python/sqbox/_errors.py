@@ -28,6 +28,15 @@ class SessionDead(SqboxError):
     """
 
 
+class ProtocolError(SqboxError):
+    """A reply did not have the form the protocol gives it (a field missing or of the wrong
+    type). The server's own replies always have it; a session's code can forge the reply to the
+    request it runs in (SECURITY.md), so replies of sessions are checked field by field. A
+    malformed `execute()` reply becomes an `ExecResult` whose error has the type "ProtocolError"
+    instead; `get()`, `put()`, `reset()` and the other calls raise this.
+    """
+
+
 class SandboxExecError(Exception):
     """Code run in a session raised an exception; raised by `ExecResult.raise_for_error()`.
 

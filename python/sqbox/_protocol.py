@@ -6,6 +6,7 @@ Shared by the threaded client (_sync) and the asyncio client (_aio), and by the 
 from __future__ import annotations
 
 import base64
+import binascii
 import collections
 import json
 import os
@@ -13,7 +14,7 @@ import threading
 from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple,
                     Union)
 
-from ._errors import SessionDead, SqboxError
+from ._errors import ProtocolError, SessionDead, SqboxError
 from ._results import ExecError, ExecResult, Result
 
 # Public argument types.
@@ -324,11 +325,16 @@ class ToolCall:
         self.name = message.get("name")
         args = message.get("args", [])
         kwargs = message.get("kwargs", {})
-        if not isinstance(self.name, str) or not isinstance(args, list) \
+        if not isinstance(self.session, str) or not _is_id(self.call_id) \
+                or not isinstance(self.name, str) or not isinstance(args, list) \
                 or not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
             raise ValueError("malformed tool call")
         self.args = list(args)
         self.kwargs = dict(kwargs)
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
 
 def is_tool_call(message: Mapping[str, Any]) -> bool:
@@ -359,48 +365,95 @@ def classify(line: bytes) -> Union[ToolCall, Reply, bytes, None]:
         except ValueError:
             return b"sqbox client: malformed tool call from a session\n"
     request_id = message.get("id")
-    if "event" not in message and isinstance(request_id, (str, int)):
+    if "event" not in message and _is_id(request_id):
         return Reply(request_id, message)
     return None
 
 
 # ---------------------------------------------------------------------------------------------
 # Replies
+#
+# Each field a reply should have is checked for its type before use: a session's code can forge
+# the reply to its own request (SECURITY.md), and nothing in it may end in an AttributeError, a
+# TypeError or a hang. A malformed reply raises ProtocolError (an exec's becomes an error result).
+
+_MISSING = object()
+
+
+def _field(reply: Mapping[str, Any], name: str, kinds: Any, default: Any = _MISSING) -> Any:
+    """reply[name] if it is of `kinds` (bool is not an int here), else ProtocolError; a missing
+    field gives `default` when there is one."""
+    value = reply.get(name, _MISSING)
+    if value is _MISSING:
+        if default is _MISSING:
+            raise ProtocolError(f"malformed reply: no {name!r}")
+        return default
+    wanted = kinds if isinstance(kinds, tuple) else (kinds,)
+    if isinstance(value, bool) and bool not in wanted:
+        wanted = ()
+    if not isinstance(value, wanted):
+        names = " or ".join("null" if kind is type(None) else kind.__name__ for kind in
+                            (kinds if isinstance(kinds, tuple) else (kinds,)))
+        raise ProtocolError(f"malformed reply: {name!r} must be {names}, "
+                            f"not {type(value).__name__}")
+    return value
+
+
+def _error_text(error: Any) -> str:
+    if isinstance(error, Mapping):
+        return f"{error.get('type', 'Error')}: {error.get('message', '')}".rstrip(": ")
+    return str(error) if error is not None else ""
 
 
 def raise_for_reply(reply: Mapping[str, Any], what: str) -> None:
-    """Raise `SessionDead` or `SqboxError` for an `ok: false` reply."""
-    if reply.get("ok", False):
+    """Raise `SessionDead` or `SqboxError` for a failed reply (`ok` anything but true)."""
+    if reply.get("ok") is True:
         return
-    error = reply.get("error") or {}
-    if isinstance(error, Mapping):
-        text = f"{error.get('type', 'Error')}: {error.get('message', '')}".rstrip(": ")
-    else:
-        text = str(error)
-    stderr = reply.get("stderr") or ""
-    if reply.get("session_dead"):
+    error = reply.get("error")
+    stderr = reply.get("stderr")
+    stderr = stderr if isinstance(stderr, str) else ""
+    if not isinstance(reply.get("ok"), bool):
+        raise ProtocolError(f"{what}: malformed reply: 'ok' must be a bool", stderr=stderr)
+    if reply.get("session_dead") is True:
         message = error.get("message") if isinstance(error, Mapping) else None
-        raise SessionDead(f"{what}: {message or 'the session is dead'}", stderr=stderr)
-    raise SqboxError(f"{what} failed: {text}", stderr=stderr)
+        if not isinstance(message, str) or not message:
+            message = "the session is dead"
+        raise SessionDead(f"{what}: {message}", stderr=stderr)
+    raise SqboxError(f"{what} failed: {_error_text(error) or 'no reason given'}", stderr=stderr)
+
+
+def _b64(reply: Mapping[str, Any], name: str, required: bool = False) -> bytes:
+    text = _field(reply, name, str) if required else \
+        _field(reply, name, (str, type(None)), None) or ""
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ProtocolError(f"malformed reply: {name!r} is not base64: {exc}") from None
 
 
 def _output(reply: Mapping[str, Any], name: str) -> bytes:
     if f"{name}_b64" in reply:
-        return base64.b64decode(reply[f"{name}_b64"] or "")
-    return (reply.get(name) or "").encode("utf-8")
+        return _b64(reply, f"{name}_b64")
+    return (_field(reply, name, (str, type(None)), None) or "").encode("utf-8")
 
 
 def result_from_reply(reply: Mapping[str, Any]) -> Result:
-    """The `Result` of a `run` reply; raises `SqboxError` when sqbox failed to run the command."""
+    """The `Result` of a `run` reply; raises `SqboxError` when sqbox failed to run the command
+    (`ProtocolError` for a malformed reply)."""
     raise_for_reply(reply, "run")
     stdout, stderr = _output(reply, "stdout"), _output(reply, "stderr")
-    exit_code = int(reply["exit_code"])
+    exit_code = _field(reply, "exit_code", int)
     error = reply.get("error")
     if exit_code == 125 and error:
         # sqbox could not set the sandbox up (the server says so with ok true, status 125).
         if isinstance(error, Mapping):
             error = error.get("message") or error.get("type")
         raise SqboxError(f"sqbox failed: {error}", stderr=stderr.decode("utf-8", "replace"))
+    _field(reply, "signal", (int, type(None)), None)
+    for name in ("timed_out", "oom_killed", "stdout_truncated", "stderr_truncated"):
+        _field(reply, name, bool, False)
+    for name in ("wall_ms", "cpu_ms"):
+        _field(reply, name, (int, float, type(None)), None)
     return make_result(reply, exit_code, stdout, stderr)
 
 
@@ -422,28 +475,53 @@ def make_result(record: Mapping[str, Any], exit_code: int, stdout: bytes,
     )
 
 
+def _exec_error(error: Any) -> Optional[ExecError]:
+    if error is None:
+        return None
+    if not isinstance(error, Mapping):
+        raise ProtocolError(f"malformed reply: 'error' must be an object or null, "
+                            f"not {type(error).__name__}")
+    return ExecError(type=_field(error, "type", str),
+                     message=_field(error, "message", str, ""),
+                     traceback=_field(error, "traceback", (str, type(None)), None) or "")
+
+
 def exec_result_from_reply(reply: Mapping[str, Any]) -> ExecResult:
-    raise_for_reply(reply, "exec")
-    error = reply.get("error")
-    exec_error = None
-    if error:
-        exec_error = ExecError(type=str(error.get("type", "")),
-                               message=str(error.get("message", "")),
-                               traceback=str(error.get("traceback") or ""))
-    return ExecResult(
-        stdout=reply.get("stdout") or "",
-        stderr=reply.get("stderr") or "",
-        value=reply.get("value"),
-        error=exec_error,
-        timed_out=bool(reply.get("timed_out", False)),
-        stdout_truncated=bool(reply.get("stdout_truncated", False)),
-        stderr_truncated=bool(reply.get("stderr_truncated", False)),
-    )
+    """The `ExecResult` of an exec reply. A failed request raises (`SessionDead`, `SqboxError`);
+    a malformed reply (the session's code can forge it) is a result whose error is of type
+    "ProtocolError", so that it is never taken for a success."""
+    try:
+        raise_for_reply(reply, "exec")
+        return ExecResult(
+            stdout=_field(reply, "stdout", (str, type(None)), None) or "",
+            stderr=_field(reply, "stderr", (str, type(None)), None) or "",
+            value=_field(reply, "value", (str, type(None)), None),
+            error=_exec_error(reply.get("error")),
+            timed_out=_field(reply, "timed_out", bool, False),
+            stdout_truncated=_field(reply, "stdout_truncated", bool, False),
+            stderr_truncated=_field(reply, "stderr_truncated", bool, False),
+        )
+    except ProtocolError as exc:
+        timed_out = reply.get("timed_out")
+        return ExecResult(stdout="", stderr="", value=None,
+                          error=ExecError(type="ProtocolError", message=str(exc), traceback=""),
+                          timed_out=timed_out if isinstance(timed_out, bool) else False,
+                          stdout_truncated=False, stderr_truncated=False)
 
 
 def data_from_get_reply(reply: Mapping[str, Any]) -> bytes:
     raise_for_reply(reply, "get")
-    return base64.b64decode(reply.get("data_b64") or "")
+    return _b64(reply, "data_b64", required=True)
+
+
+def session_from_open_reply(reply: Mapping[str, Any]) -> str:
+    raise_for_reply(reply, "session_open")
+    return _field(reply, "session", str)
+
+
+def version_from_ping_reply(reply: Mapping[str, Any]) -> str:
+    raise_for_reply(reply, "ping")
+    return _field(reply, "version", str, "")
 
 
 # ---------------------------------------------------------------------------------------------

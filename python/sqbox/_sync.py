@@ -128,8 +128,8 @@ class Sandbox:
         self._reader.start()
         try:
             # Fails fast, with the server's own message, on a bad image or option.
-            self.version = str(self._request({"op": "ping"}, timeout=start_timeout)
-                               .get("version", ""))
+            self.version = proto.version_from_ping_reply(
+                self._request({"op": "ping"}, timeout=start_timeout))
         except BaseException:
             self.close()
             raise
@@ -144,8 +144,7 @@ class Sandbox:
     def ping(self, timeout: Optional[float] = None) -> str:
         """Check that the server answers; returns its version string."""
         reply = self._request({"op": "ping"}, timeout=timeout)
-        proto.raise_for_reply(reply, "ping")
-        return str(reply.get("version", ""))
+        return proto.version_from_ping_reply(reply)
 
     def run(self, cmd: Command, *, timeout: Optional[float] = None,
             memory: Optional[Size] = None, mounts: Optional[Iterable[MountSpec]] = None,
@@ -173,8 +172,7 @@ class Sandbox:
                                                       output_limit=output_limit,
                                                       tools=list(functions))
         reply = self._request(request)
-        proto.raise_for_reply(reply, "session_open")
-        session = Session(self, str(reply["session"]), functions,
+        session = Session(self, proto.session_from_open_reply(reply), functions,
                           proto.pick(timeout, self._defaults.timeout))
         with self._lock:
             self._sessions[session.id] = session

@@ -6,6 +6,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <sched.h>
 #include <sqfs/block_processor.h>
 #include <sqfs/block_writer.h>
@@ -19,6 +20,7 @@
 #include <sqfs/meta_writer.h>
 #include <sqfs/super.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -177,6 +179,7 @@ class ImageWriter {
     ImageWriter(const std::string& output_path, const SquashfsWriteOptions& options,
                 std::string source);
     void write(int directory_fd);
+    [[nodiscard]] const SquashfsWriteSummary& summary() const { return summary_; }
 
   private:
     // Setup, in the order the objects depend on each other.
@@ -195,6 +198,8 @@ class ImageWriter {
                         const std::string& path, struct stat& st) const;
     std::vector<std::string> list_directory(DIR* dir, bool top, const std::string& path) const;
     Node& add_node(const struct stat& st, const std::string& name);
+    bool reference_has_same_setid_file(int fd, const struct stat& st,
+                                       const std::string& path) const;
     std::string read_link_target(int parent_fd, const std::string& name, size_t size_hint,
                                  const std::string& path) const;
     sqfs_u32 device_number(dev_t device, const std::string& path) const;
@@ -233,6 +238,7 @@ class ImageWriter {
     SqfsObject<sqfs_block_processor_t> block_processor_;
     std::vector<std::byte> read_buffer_;
     sqfs_u32 inode_count_ = 0;
+    SquashfsWriteSummary summary_;
 };
 
 ImageWriter::ImageWriter(const std::string& output_path, const SquashfsWriteOptions& options,
@@ -420,6 +426,12 @@ UniqueFd ImageWriter::open_below(int parent_fd, const std::string& name, int fla
 Node& ImageWriter::scan_file(UniqueFd fd, const struct stat& st, const std::string& name,
                              const std::string& path) {
     Node& node = add_node(st, name);
+    constexpr sqfs_u16 kSetId = S_ISUID | S_ISGID;
+    if (options_.setid_reference_fd >= 0 && (node.mode & kSetId) != 0 &&
+        !reference_has_same_setid_file(fd.get(), st, path)) {
+        node.mode = static_cast<sqfs_u16>(node.mode & ~kSetId);
+        summary_.setid_dropped.push_back(path);
+    }
     sqfs_block_processor_t* processor = block_processor_.get();
     check(sqfs_block_processor_begin_file(processor, &node.file_inode, nullptr, 0),
           "starting the data of " + source_path(path));
@@ -434,6 +446,36 @@ Node& ImageWriter::scan_file(UniqueFd fd, const struct stat& st, const std::stri
     }
     check(sqfs_block_processor_end_file(processor), "finishing the data of " + source_path(path));
     return node;
+}
+
+// The reference tree's file at `path`, if it is a regular file with at least the setuid/setgid
+// bits of `st` and the same bytes as `fd` (read with pread: the packing reads `fd` afterwards).
+bool ImageWriter::reference_has_same_setid_file(int fd, const struct stat& st,
+                                                const std::string& path) const {
+    open_how how{};
+    how.flags = O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC;
+    how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+    UniqueFd reference(static_cast<int>(
+        ::syscall(SYS_openat2, options_.setid_reference_fd, path.c_str(), &how, sizeof how)));
+    if (!reference) return false;  // not in the reference (or not reachable the same way)
+    struct stat ref {};
+    if (::fstat(reference.get(), &ref) != 0 || !S_ISREG(ref.st_mode)) return false;
+    const mode_t wanted = st.st_mode & (S_ISUID | S_ISGID);
+    if ((ref.st_mode & wanted) != wanted || ref.st_size != st.st_size) return false;
+    std::vector<char> ours(size_t{64} * 1024);
+    std::vector<char> theirs(ours.size());
+    for (off_t offset = 0; offset < st.st_size;) {
+        const ssize_t count = ::pread(fd, ours.data(), ours.size(), offset);
+        if (count < 0) throw source_error("cannot read", path);
+        if (count == 0) return false;  // shorter than it was: changed while being read
+        const ssize_t other = read_full(reference.get(), theirs.data(), static_cast<size_t>(count));
+        if (other != count ||
+            std::memcmp(ours.data(), theirs.data(), static_cast<size_t>(count)) != 0) {
+            return false;
+        }
+        offset += count;
+    }
+    return true;
 }
 
 Node& ImageWriter::add_node(const struct stat& st, const std::string& name) {
@@ -624,10 +666,11 @@ std::string ImageWriter::source_path(const std::string& path) const {
 
 }  // namespace
 
-void write_squashfs_image(int directory_fd, const std::string& output_path,
-                          const SquashfsWriteOptions& options) {
+SquashfsWriteSummary write_squashfs_image(int directory_fd, const std::string& output_path,
+                                          const SquashfsWriteOptions& options) {
     ImageWriter writer(output_path, options, describe_directory(directory_fd));
     writer.write(directory_fd);
+    return writer.summary();
 }
 
 }  // namespace sqbox

@@ -11,6 +11,17 @@ struct SquashfsWriteOptions {
     bool all_root = true;
     // Names of entries directly under the top directory that are left out (e.g. ".lock").
     std::vector<std::string> exclude_top_level;
+    // When set (a directory fd): the tree the packed one was made from, e.g. a container's image
+    // under its writable layer. A regular file then keeps its setuid and setgid bits only where
+    // this tree has a regular file at the same path (reached without symlinks) with those bits
+    // and the same bytes; elsewhere the bits are dropped, so that what was added or changed on
+    // top of the reference cannot become setuid or setgid (root, with all_root) in the image.
+    int setid_reference_fd = -1;
+};
+
+struct SquashfsWriteSummary {
+    // The paths (relative to the top) whose setuid/setgid bits were dropped, in the order packed.
+    std::vector<std::string> setid_dropped;
 };
 
 // Writes the tree below `directory_fd` (an fd of a directory, O_PATH or O_RDONLY) to a new squashfs
@@ -23,7 +34,7 @@ struct SquashfsWriteOptions {
 // On any failure the partial output file is removed and an Error naming the offending path is
 // thrown. Never follows symlinks while walking: every lookup is an *at call relative to an open
 // directory with O_NOFOLLOW; mount points are crossed like ordinary directories.
-void write_squashfs_image(int directory_fd, const std::string& output_path,
-                          const SquashfsWriteOptions& options);
+SquashfsWriteSummary write_squashfs_image(int directory_fd, const std::string& output_path,
+                                          const SquashfsWriteOptions& options);
 
 }  // namespace sqbox

@@ -1,5 +1,6 @@
 #include "runtime/init.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/prctl.h>
@@ -186,8 +187,24 @@ void export_root(const InitContext& context, const SandboxConfig& config) {
             throw Error("export: the output path must be absolute");
         }
         PreparedRoot root = mount_root_layers(config);
-        write_squashfs_image(root.root.get(), std::string(kOldRootDir) + config.export_image_path,
-                             {});
+        // What the container added or changed cannot become setuid or setgid in the image: those
+        // bits stay only on files the image itself has so, unchanged (SECURITY.md, "export").
+        UniqueFd image(::open(kImageDir, O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+        if (!image) throw system_error(std::string("cannot open the image at ") + kImageDir);
+        SquashfsWriteOptions options;
+        options.setid_reference_fd = image.get();
+        const SquashfsWriteSummary summary = write_squashfs_image(
+            root.root.get(), std::string(kOldRootDir) + config.export_image_path, options);
+        if (!summary.setid_dropped.empty()) {
+            std::string paths;
+            for (size_t i = 0; i < summary.setid_dropped.size() && i < 5; ++i) {
+                paths += (i ? ", /" : "/") + summary.setid_dropped[i];
+            }
+            if (summary.setid_dropped.size() > 5) paths += ", ...";
+            print_error("export: dropped the setuid/setgid bits of " +
+                        std::to_string(summary.setid_dropped.size()) +
+                        " file(s) that the image does not have so: " + paths);
+        }
     } catch (const Error& e) {
         fail_stage(context.report.get(), kExitSqboxFailure, e.what());
     }

@@ -114,6 +114,10 @@ class Driver:
             os.dup2(self.devnull, target)
         self.buf, self.scanned = bytearray(), 0  # protocol input not yet returned as lines
         self.pid, self.execs, self.calls = os.getpid(), 0, 0
+        # The server's token (its hello) goes into every message, and the sequence number of the
+        # request being served into its result and tool calls: the server takes nothing else
+        # (PROTOCOL.md). Requests that arrive while code waits for a tool wait in `deferred`.
+        self.token, self.seq, self.deferred = None, None, []
         self.tmpdir = tempfile.gettempdir()
         self.tools = Tools(self._call_tool)
         module = types.ModuleType("sqbox_tools", "Host tools of this sqbox session.")
@@ -155,6 +159,7 @@ class Driver:
     # Protocol I/O. Lines are encoded as UTF-8 with lone surrogates (from undecodable file names,
     # say) replaced: ensure_ascii would turn them into \udXXX escapes strict JSON parsers reject.
     def send(self, obj):
+        obj = dict(obj, token=self.token)
         view = memoryview(json.dumps(obj, ensure_ascii=False).encode("utf-8", "replace") + b"\n")
         try:
             while view:
@@ -191,12 +196,28 @@ class Driver:
             self.mode = DEFER
 
     def serve(self):
+        self.hello()
         self.send({"event": "ready", "python": platform.python_version()})
         while True:
+            if self.deferred:
+                line, req = self.deferred.pop(0)
+                self.answer(line, req)
+                continue
             line = self.readline()
             if not line:
                 os._exit(0)  # not sys.exit: threads user code left running must not hold us
             self.answer(line)
+
+    def hello(self):
+        """The server's first line gives the token; no code of the session's has run yet."""
+        line = self.readline()
+        if not line:
+            os._exit(0)
+        req = self.parse(line)
+        token = req.get("token")
+        if req.get("op") != "hello" or not isinstance(token, str):
+            raise Failure("BadRequest", "the first request must be a hello with a token")
+        self.token = token
 
     def parse(self, line):
         try:
@@ -209,8 +230,10 @@ class Driver:
 
     def answer(self, line, req=None):
         """Carries out one request and sends its result (none for a stale tool_result)."""
+        seq = None
         try:
             req = self.parse(line) if req is None else req
+            seq = req.get("seq")
             op = req.get("op")
             if op == "tool_result":
                 # Not a call this driver awaits (_call_tool takes those): the answer to a call
@@ -225,13 +248,14 @@ class Driver:
             result = {"ok": False, "error": {"type": exc.type, "message": str(exc)}}
         except Exception as exc:  # OSError from put or get, mostly
             result = {"ok": False, "error": {"type": type(exc).__name__, "message": str(exc)}}
-        self.send(dict({"event": "result"}, **result))
+        self.send(dict({"event": "result", "seq": seq}, **result))
 
     # Requests.
     def op_exec(self, req):
         if self.running:
             raise Failure("BadRequest", "code is already running in this session")
         code, limit = _field(req, "code", str), _size(req, "output_limit", OUTPUT_LIMIT)
+        self.seq = req.get("seq")
         self.execs += 1
         filename = "<exec-%d>" % self.execs
         # Tracebacks and inspect find the code's lines here, also for functions called by later
@@ -372,8 +396,11 @@ class Driver:
     OPS = {"exec": op_exec, "put": op_put, "get": op_get, "tools": op_tools}
 
     # Tool calls, made by user code: synchronous, so a tool called from code that a tool call
-    # started again later simply works. Other requests that arrive meanwhile are answered.
-    # Call ids count on over the session, so an answer to an abandoned call never matches.
+    # started again later simply works. Other requests that arrive meanwhile wait until the code
+    # has finished, as they would in an interpreter that runs one request after the other (the
+    # server sends none while it waits for a result, unless a forged result answered the exec:
+    # then the next request still gets its own answer). Call ids count on over the session, so
+    # an answer to an abandoned call never matches.
     def _call_tool(self, name, args, kwargs):
         if not self.running or os.getpid() != self.pid or \
                 threading.current_thread() is not threading.main_thread():
@@ -381,8 +408,8 @@ class Driver:
                                "in its main thread")
         call_id = "c%d" % (self.calls + 1)
         try:
-            line = {"event": "tool_call", "call_id": call_id, "name": name, "args": list(args),
-                    "kwargs": kwargs}
+            line = {"event": "tool_call", "seq": self.seq, "call_id": call_id, "name": name,
+                    "args": list(args), "kwargs": kwargs}
             json.dumps(line, allow_nan=False)
         except (TypeError, ValueError) as exc:  # ValueError: NaN, or a circular reference
             raise TypeError("arguments of tool %r must be JSON-serialisable: %s"
@@ -401,7 +428,8 @@ class Driver:
                     req = None
                 if req and req.get("op") == "tool_result" and req.get("call_id") == call_id:
                     break
-                self.answer(line, req)
+                if not (req and req.get("op") == "tool_result"):  # a stale one is dropped
+                    self.deferred.append((line, req))
         finally:
             self.mode = saved
         self._raise_missed()  # after the mode switch, so no SIGINT can fall between the two

@@ -26,6 +26,7 @@
 #include "session/request_config.h"
 #include "session/session_driver.h"
 #include "session/session_state.h"
+#include "session/supervisor_messages.h"
 #include "session/warm_supervisor.h"
 #include "util/errors.h"
 #include "util/fd_passing.h"
@@ -112,8 +113,15 @@ class Server final : private SessionPort, private JobEvents {
         supervisor_end.reset();
         std::optional<FdMessage> ready = receive_fd_message(control_.get());
         if (!ready) throw Error("the sandbox supervisor died while mounting the image");
-        if (ready->tag == MessageTag::kFailed)
-            throw Error(json::parse(ready->text).at("error").get<std::string>());
+        if (ready->tag == MessageTag::kFailed) {
+            std::string error;
+            try {
+                error = parse_supervisor_message(ready->tag, ready->text).value("error", "");
+            } catch (const Error& e) {
+                error = std::string("it sent a malformed message: ") + e.what();
+            }
+            throw Error("the sandbox supervisor failed to start: " + error);
+        }
         jobs_.connect_supervisor(control_.get());
     }
 
@@ -125,16 +133,27 @@ class Server final : private SessionPort, private JobEvents {
             stopping_ = true;
             return;
         }
-        if (message->tag == MessageTag::kFailed) {  // it failed and is exiting: say why, once
-            print_error("the sandbox supervisor failed: " +
-                        json::parse(message->text).value("error", std::string()) + "; stopping");
+        if (message->tag != MessageTag::kFailed && message->tag != MessageTag::kReport) return;
+        json body;
+        try {
+            body = parse_supervisor_message(message->tag, message->text);
+        } catch (const Error& e) {
+            print_error(std::string("the sandbox supervisor sent a malformed message (") +
+                        e.what() + "); stopping");
             supervisor_failed_ = true;
             exit_status_ = kExitSqboxFailure;
             stopping_ = true;
             return;
         }
-        if (message->tag != MessageTag::kReport) return;
-        jobs_.take_report(json::parse(message->text));
+        if (message->tag == MessageTag::kFailed) {  // it failed and is exiting: say why, once
+            print_error("the sandbox supervisor failed: " + body.value("error", std::string()) +
+                        "; stopping");
+            supervisor_failed_ = true;
+            exit_status_ = kExitSqboxFailure;
+            stopping_ = true;
+            return;
+        }
+        jobs_.take_report(std::move(body));
     }
 
     // ---- the socket ----
@@ -491,6 +510,9 @@ int run_server(const ServeOptions& options) {
         return server.run();
     } catch (const Error& e) {
         print_error(e.what());
+        return kExitSqboxFailure;
+    } catch (const std::exception& e) {  // a bug: the sandboxes still go (~Server), and we say so
+        print_error(std::string("internal error: ") + e.what());
         return kExitSqboxFailure;
     }
 }

@@ -1,12 +1,56 @@
 #include "session/session_state.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
+#include <array>
+#include <cerrno>
 #include <csignal>
 #include <exception>
 
 #include "util/errors.h"
 
 namespace sqbox {
+namespace {
+
+template <size_t N>
+std::array<unsigned char, N> random_bytes() {
+    std::array<unsigned char, N> bytes{};
+    size_t filled = 0;
+    while (filled < bytes.size()) {
+        const ssize_t n = ::getrandom(bytes.data() + filled, bytes.size() - filled, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) throw system_error("cannot draw random numbers for the session (getrandom)");
+        filled += static_cast<size_t>(n);
+    }
+    return bytes;
+}
+
+// 128 random bits, as hex: what the code in the session would have to read from the driver's
+// memory to write messages the server takes for the driver's.
+std::string random_token() {
+    const auto bytes = random_bytes<16>();
+    static constexpr char kHex[] = "0123456789abcdef";
+    std::string token;
+    for (const unsigned char byte : bytes) {
+        token += kHex[byte >> 4];
+        token += kHex[byte & 0xf];
+    }
+    return token;
+}
+
+// A request's number: random (63 bits, exact in any JSON reader), so that code that has read the
+// number of the request it runs in cannot tell the next one's.
+uint64_t random_request_number(uint64_t previous) {
+    for (;;) {
+        uint64_t number = 0;
+        for (const unsigned char byte : random_bytes<8>()) number = (number << 8) | byte;
+        number >>= 1;
+        if (number != 0 && number != previous) return number;
+    }
+}
+
+}  // namespace
 
 Session::Session(std::string id, SessionPort& port, std::vector<std::string> tools,
                  uint64_t output_limit)
@@ -28,7 +72,13 @@ void Session::start() {
     state_ = State::kStarting;
     driver_lines_.clear();
     log_.clear();
+    token_ = random_token();
     port_.start_sandbox(*this);
+    // The first line the driver reads, before any of the session's code runs. (A sandbox that
+    // failed to start has made the session dead already.)
+    if (state_ == State::kStarting) {
+        port_.send_to_driver(*this, {{"op", "hello"}, {"token", token_}});
+    }
 }
 
 void Session::submit(json request) {
@@ -41,10 +91,28 @@ void Session::submit(json request) {
 }
 
 void Session::tool_result(const json& request) {
-    // Too late (the exec has ended) or never asked for: dropped.
-    if (state_ != State::kBusy || !tool_call_pending_) return;
+    const auto call_id = request.find("call_id");
+    const bool usable_id =
+        call_id != request.end() && (call_id->is_string() || call_id->is_number_integer());
+    // Too late (the exec has ended, or the answer is to an earlier call) or never asked for:
+    // dropped.
+    if (state_ != State::kBusy || !tool_call_pending_) {
+        if (!usable_id) throw Error("tool_result: 'call_id' must be a string or an integer");
+        return;
+    }
+    if (!usable_id) {
+        // Only one call can be awaited: this answer is for it, and cannot be passed on.
+        tool_call_pending_ = false;
+        port_.send_to_driver(
+            *this, {{"op", "tool_result"},
+                    {"call_id", pending_call_id_},
+                    {"error", error_object("BadToolResult",
+                                           "the client's answer to this call was malformed")}});
+        throw Error("tool_result: 'call_id' must be a string or an integer");
+    }
+    if (*call_id != pending_call_id_) return;
     tool_call_pending_ = false;
-    json message = {{"op", "tool_result"}, {"call_id", request.at("call_id")}};
+    json message = {{"op", "tool_result"}, {"call_id", *call_id}};
     if (request.contains("error")) {
         message["error"] = request.at("error");
     } else {
@@ -140,6 +208,8 @@ void Session::pump() {
     state_ = State::kBusy;
     interrupted_ = false;
     tool_call_pending_ = false;
+    current_seq_ = random_request_number(current_seq_);
+    to_driver["seq"] = current_seq_;
     port_.send_to_driver(*this, to_driver);
 }
 
@@ -163,9 +233,30 @@ void Session::driver_output(std::string_view chunk) {
     }
 }
 
+// Carries this sandbox's token: the driver's, or a forgery by code that read the driver's memory.
+bool Session::from_this_driver(const json& message) const {
+    const auto token = message.find("token");
+    if (token == message.end() || !token->is_string()) return false;
+    const auto& text = token->get_ref<const std::string&>();
+    if (text.size() != token_.size()) return false;
+    unsigned char differ = 0;  // all bytes compared: the time taken says nothing of the token
+    for (size_t i = 0; i < text.size(); ++i) {
+        differ |= static_cast<unsigned char>(text[i] ^ token_[i]);
+    }
+    return differ == 0;
+}
+
+bool Session::for_current_request(const json& message) const {
+    const auto seq = message.find("seq");
+    return state_ == State::kBusy && seq != message.end() && seq->is_number_unsigned() &&
+           seq->get<uint64_t>() == current_seq_;
+}
+
 void Session::handle_driver_message(json message) {
+    if (!from_this_driver(message)) return;
     const std::string event = message.value("event", "");
     if (event == "ready") {
+        if (state_ != State::kStarting) return;  // the driver says it once, before any code runs
         state_ = State::kIdle;
         if (!tools_.empty()) {
             queue_.push_front({{"op", "tools"}, {"names", tools_}, {"internal", true}});
@@ -183,10 +274,20 @@ void Session::handle_driver_message(json message) {
 }
 
 void Session::tool_call(const json& message) {
-    if (state_ != State::kBusy || current_internal_) return;
     const json& name = message.contains("name") ? message["name"] : json(nullptr);
     const json& call_id = message.contains("call_id") ? message["call_id"] : json(nullptr);
     if (!call_id.is_string() && !call_id.is_number_integer()) return;
+    if (!for_current_request(message)) {
+        // Code whose request was answered already (by a forged result) goes on calling tools:
+        // refused, so that its driver does not wait for an answer that never comes.
+        port_.send_to_driver(
+            *this, {{"op", "tool_result"},
+                    {"call_id", call_id},
+                    {"error", error_object("RequestAnswered",
+                                           "the request this code runs for was answered")}});
+        return;
+    }
+    if (current_internal_) return;
     if (tool_call_pending_) {
         // The driver waits for each answer; a second call is not the driver's doing.
         kill("the session broke the protocol (overlapping tool calls)");
@@ -201,6 +302,7 @@ void Session::tool_call(const json& message) {
         return;
     }
     tool_call_pending_ = true;
+    pending_call_id_ = call_id;
     json call = {{"id", current_.value("id", json(nullptr))},
                  {"event", "tool_call"},
                  {"session", id_},
@@ -212,11 +314,13 @@ void Session::tool_call(const json& message) {
 }
 
 void Session::result(json message) {
-    if (state_ != State::kBusy) return;
+    if (!for_current_request(message)) return;  // stale: its request was answered already
     tool_call_pending_ = false;
     if (!current_internal_) {
         json answer = std::move(message);  // an exec's output may be 16 MiB
         answer.erase("event");
+        answer.erase("token");
+        answer.erase("seq");
         answer["id"] = current_.value("id", json(nullptr));
         if (!answer.contains("ok")) answer["ok"] = true;
         if (current_.value("op", "") == "exec") answer["timed_out"] = interrupted_;

@@ -7,6 +7,15 @@
 //
 //   kStarting --ready--> kIdle --a request--> kBusy --result--> kIdle ...
 //   any state --the sandbox ends or the driver's channel closes--> kDead (until reset)
+//
+// The driver shares its process with the session's code, which can write on the driver's
+// channel too. Each sandbox's driver gets a random token in its first line (`hello`, before any
+// code runs) and every request a random number (`seq`); the driver's messages carry both, and the
+// session takes only a `ready` while starting and only a result or tool call of the request it is
+// serving. A line forged without the token is ignored; one forged with it (the code read the
+// driver's memory) can at most answer the request it runs in: the real result of that request
+// comes later with a stale number and is dropped, and the next request's number is not known
+// before the driver reads it.
 #pragma once
 
 #include <chrono>
@@ -69,7 +78,9 @@ class Session {
     void open(const json& request_id);
     // exec, put, get or tools: served in order, one at a time. A dead session answers at once.
     void submit(json request);
-    // The client's answer to a tool call; dropped when none is awaited.
+    // The client's answer to a tool call; dropped when it is not for the call awaited (a late
+    // answer). One without a usable call_id fails the awaited call, so that the driver does not
+    // wait for ever, and throws Error (the client's request was malformed).
     void tool_result(const json& request);
     // A fresh sandbox, same id and tools; what is pending is answered SessionReset.
     void reset(const json& request_id);
@@ -99,6 +110,8 @@ class Session {
 
   private:
     void start();
+    bool from_this_driver(const json& message) const;
+    bool for_current_request(const json& message) const;
     void handle_driver_message(json message);
     void tool_call(const json& message);
     void result(json message);
@@ -116,7 +129,10 @@ class Session {
     std::optional<Clock::time_point> deadline_;
     bool interrupted_ = false;
     std::vector<std::string> tools_;
-    bool tool_call_pending_ = false;       // the driver waits for the client's answer
+    bool tool_call_pending_ = false;       // the driver waits for the client's answer...
+    json pending_call_id_;                 // ...to this call
+    std::string token_;                    // this sandbox's driver's, from the hello
+    uint64_t current_seq_ = 0;             // the number of the request being served (or last)
     uint64_t output_limit_;                // each exec's default cap per stream
     std::vector<json> answer_when_ready_;  // ids of a session_open and resets
     LineBuffer driver_lines_;              // from the driver's stdout

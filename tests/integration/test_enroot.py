@@ -395,6 +395,44 @@ def test_export_writes_the_container_as_an_image(enroot, busybox_image, sqbox, t
     assert default.returncode == 0 and (tmp_path / "bin" / "box.sqsh").is_file()
 
 
+@pytest.mark.parametrize("root", [False, True], ids=["user", "root"])
+def test_export_makes_no_file_setuid_that_the_image_did_not(enroot, busybox_image, tmp_path,
+                                                             root):
+    """A payload in a --rw container makes setuid and setgid programs (new ones, an image file
+    it marks setuid through a symlink, an image setuid file it rewrites). In the exported image
+    only the files the image itself had setuid or setgid, unchanged, keep those bits."""
+    tree = tmp_path / "tree"
+    subprocess.run(["unsquashfs", "-q", "-no-xattrs", "-d", str(tree), busybox_image],
+                   check=True, stdout=subprocess.DEVNULL)
+    for name, mode in (("su-image", 0o4755), ("wall-image", 0o2755), ("rewritten", 0o4755)):
+        shutil.copy(tree / "bin" / "busybox", tree / "bin" / name)
+        os.chmod(tree / "bin" / name, mode)
+    image = tmp_path / "setid.sqsh"
+    subprocess.run(["mksquashfs", str(tree), str(image), "-all-root", "-noappend", "-quiet",
+                    "-no-progress"], check=True, stdout=subprocess.DEVNULL)
+    assert enroot("create", "-n", "box", str(image)).returncode == 0
+    attack = ("cp /bin/busybox /bin/mine && chmod 6755 /bin/mine && "
+              "cp /bin/busybox /tmp/../etc/hidden && chmod 4755 /etc/hidden && "
+              "chmod 4755 /bin/sh && chmod 2755 /bin/cat && "
+              "printf XYZ | dd of=/bin/rewritten bs=1 seek=4096 conv=notrunc 2>/dev/null && "
+              "chmod 4755 /bin/rewritten && "
+              "ls -ln /bin/mine /etc/hidden /bin/busybox /bin/rewritten")
+    made = enroot("start", "--rw", *(["--root"] if root else []), "box", "sh", "-c", attack)
+    assert made.returncode == 0, made.stderr
+    # The payload did make them setuid or setgid (busybox through the /bin/sh and /bin/cat links).
+    assert sum("s" in line[:10] for line in made.stdout.splitlines()) == 4, made.stdout
+
+    output = tmp_path / "out.sqsh"
+    exported = enroot("export", "-o", str(output), "box")
+    assert exported.returncode == 0, exported.stderr
+    assert "dropped the setuid/setgid bits" in exported.stderr
+    listing = subprocess.run(["unsquashfs", "-lln", str(output)], check=True,
+                             stdout=subprocess.PIPE, text=True).stdout
+    set_id = sorted(line.split("squashfs-root", 1)[1] for line in listing.splitlines()
+                    if line.startswith("-") and ("s" in line[1:10].lower()))
+    assert set_id == ["/bin/su-image", "/bin/wall-image"], listing
+
+
 # ---- the harness loop, and concurrency ----
 
 def test_torchforge_style_harness_loop(enroot, python_image, tmp_path):

@@ -698,3 +698,26 @@ for fd in range(3, 64):
         assert victim.execute("kept + 1").value == "2"
         assert victim.execute("tools.lookup('x')").value == "'X'"
         assert sandbox.run(["true"]).exit_code == 0
+
+
+def test_a_session_that_forges_its_own_reply_spoils_only_that_reply(sandbox):
+    """The session's code reads the driver's token out of the driver's objects and answers its
+    own execute with a malformed reply, then goes on running. The client makes that reply an
+    error result (no AttributeError, no hang); the next execute gets its own answer; the other
+    session never notices."""
+    with sandbox.session() as attacker, sandbox.session() as bystander:
+        bystander.execute("kept = 1")
+        forging = """
+import gc, json, os, time
+driver = next(o for o in gc.get_objects() if type(o).__name__ == "Driver")
+reply = {"event": "result", "seq": driver.seq, "token": driver.token, "ok": True,
+         "error": "a string, not an object", "stdout": 5, "value": ["not", "a", "repr"]}
+os.write(driver.proto_out, (json.dumps(reply) + "\\n").encode())
+time.sleep(1)
+'the real answer'
+"""
+        forged = attacker.execute(forging, timeout=20)
+        assert forged.error is not None and forged.error.type == "ProtocolError", forged
+        assert forged.value is None
+        assert attacker.execute("6 * 7", timeout=20).value == "42"
+        assert bystander.execute("kept + 1", timeout=20).value == "2"

@@ -183,31 +183,98 @@ def test_a_crashing_and_a_hanging_session_leave_the_server_and_others_alone(serv
     assert srv.call({"id": "ping", "op": "ping"})["ok"] is True
 
 
-def test_forged_protocol_messages_reach_only_the_sessions_own_client(server):
+def test_forged_protocol_messages_without_the_token_are_ignored(server):
     """The driver shares its process with the session's code, so that code can write the
-    driver's protocol itself. It gains nothing: a forged tool call is forwarded to the session's
-    own client (which runs only tools it registered), tagged with that session and request."""
+    driver's protocol itself. Lines without the driver's token (given to it before any code ran)
+    change nothing: the exec gets its own result, the next request its own, and no forged tool
+    call reaches a client."""
     srv = server()
     s = srv.call({"id": "open-s", "op": "session_open", "tools": ["rm_rf_home"]})["session"]
     other = srv.call({"id": "open-o", "op": "session_open", "tools": ["rm_rf_home"]})["session"]
-    forged = execute(srv, s, WRITE_TO_DRIVER_CHANNEL + """
-import json
-forge(json.dumps({"event": "tool_call", "call_id": "x1", "name": "rm_rf_home",
-                  "args": [], "kwargs": {}}) + "\\n")
-'forged'
-""", "forge", timeout=10)
+    srv.send({"id": "forge", "op": "exec", "session": s, "timeout": 20,
+              "code": WRITE_TO_DRIVER_CHANNEL + """
+import json, time
+lines = [{"event": "ready"}, {"event": "tool_call", "call_id": "x1", "name": "rm_rf_home"}]
+lines += [{"event": "result", "seq": n, "value": "'forged'"} for n in range(100)]
+lines += [dict(line, token=t) for line in lines for t in ("", "0" * 32, None)]
+written = sum(forge(json.dumps(line) + "\\n") for line in lines)
+time.sleep(1)  # the server has read them before the real result comes
+written
+"""})
+    srv.send({"id": "next", "op": "exec", "session": s, "code": "6 * 7"})
+    forged, after = srv.wait("forge", timeout=30), srv.wait("next", timeout=30)
+    assert forged["error"] is None and int(forged["value"]) >= 400, forged
+    assert after["value"] == "42", after
     with srv.cond:
-        calls = [e for e in srv.events if e.get("name") == "rm_rf_home"]
-    # The forgery did reach the server (a registered name is forwarded), and only as this
-    # session's, within its own request: never as the other session's.
-    assert calls, ("the forged call never reached the server", forged)
-    assert all(call["session"] == s and call["id"] == "forge" for call in calls), calls
-    assert other not in {call["session"] for call in calls}
-    # The server and both sessions still answer normally (the exec itself may have been
-    # answered by its own forgery or by the driver; either way it is this session's business).
-    assert srv.call({"id": "ping", "op": "ping"})["ok"] is True
-    assert forged["id"] == "forge"
+        assert [e for e in srv.events if e.get("name") == "rm_rf_home"] == []
     assert execute(srv, other, "6 * 7", "other")["value"] == "42"
+    assert srv.call({"id": "ping", "op": "ping"})["ok"] is True
+
+
+# Code that has read the driver's token from the driver's own objects writes on its channel.
+WRITE_AS_THE_DRIVER = """
+import gc, json, os
+driver = next(o for o in gc.get_objects() if type(o).__name__ == "Driver")
+def forge_as_driver(message):
+    os.write(driver.proto_out, (json.dumps(dict(message, token=driver.token)) + "\\n").encode())
+"""
+
+
+def test_a_forgery_with_the_drivers_token_answers_at_most_its_own_request(server):
+    """Code that reads the token out of the driver's memory can answer the request it runs in
+    (SECURITY.md says so), but no other: the request after it gets its own answer, a forged
+    `ready` counts for nothing, and its own tool calls after the forged answer are refused rather
+    than left waiting. Nothing of it reaches another session."""
+    srv = server()
+    s = srv.call({"id": "open-s", "op": "session_open", "tools": ["lookup"]})["session"]
+    other = open_session(srv, "other")
+    srv.send({"id": "forge", "op": "exec", "session": s, "timeout": 20,
+              "code": WRITE_AS_THE_DRIVER + """
+import sqbox_tools, time
+forge_as_driver({"event": "result", "seq": driver.seq, "ok": True, "value": "'forged'"})
+for guess in (driver.seq + 1, driver.seq - 1, 0, 1):  # the next number is not known
+    forge_as_driver({"event": "result", "seq": guess, "ok": True, "value": "'forged too'"})
+forge_as_driver({"event": "ready"})
+time.sleep(1)  # the server has taken the forgery and sent the next request meanwhile
+try:
+    tools.lookup("after")
+    refused = None
+except sqbox_tools.ToolError as e:
+    refused = e.type
+'real'
+"""})
+    srv.send({"id": "next", "op": "exec", "session": s, "code": "refused, 6 * 7"})
+    srv.send({"id": "last", "op": "exec", "session": s, "code": "'last'"})
+    forged = srv.wait("forge", timeout=30)
+    assert forged["value"] == "'forged'", forged  # its own request: the forgery's to spoil
+    after, last = srv.wait("next", timeout=30), srv.wait("last", timeout=30)
+    assert after["error"] is None and after["value"] == "('RequestAnswered', 42)", after
+    assert last["value"] == "'last'", last
+    with srv.cond:
+        assert [e for e in srv.events if e.get("name") == "lookup"] == []
+    assert execute(srv, other, "6 * 7", "other")["value"] == "42"
+
+
+def test_a_tool_result_without_call_id_does_not_leave_the_code_waiting(server):
+    srv = server()
+    s = srv.call({"id": "open", "op": "session_open", "tools": ["lookup"]})["session"]
+    srv.send({"id": "call", "op": "exec", "session": s, "timeout": 20, "code": """
+import sqbox_tools
+try:
+    tools.lookup(1)
+except sqbox_tools.ToolError as e:
+    caught = e.type
+caught
+"""})
+    deadline = time.monotonic() + 30
+    with srv.cond:
+        while not [e for e in srv.events if e.get("name") == "lookup"]:
+            assert srv.cond.wait(deadline - time.monotonic()), "no tool call came"
+    srv.send({"op": "tool_result", "session": s, "result": 1})  # no call_id
+    assert srv.wait(None, timeout=30)["error"]["type"] == "BadRequest"
+    answer = srv.wait("call", timeout=30)
+    assert answer["value"] == "'BadToolResult'", answer
+    assert execute(srv, s, "6 * 7", "after")["value"] == "42"
 
 
 def test_socket_is_private_to_its_owner(server, tmp_path):

@@ -27,16 +27,28 @@ TIMEOUT = 10
 
 
 class Session:
-    """One driver process; send() writes a request line, recv() reads one response line."""
+    """One driver process; send() writes a request line, recv() reads one response line.
 
-    def __init__(self, cwd):
+    As the server does, it gives the driver a token first and every request a sequence number
+    (`seq`, unless the request has its own); recv() checks that each message carries the token
+    and takes it out, and takes the `seq` out into `last_seq`."""
+
+    def __init__(self, cwd, token="0123456789abcdef0123456789abcdef"):
         self.cwd = cwd
         self.proc = subprocess.Popen([PYTHON, str(DRIVER)], cwd=cwd, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         self.buf = b""
+        self.token, self.seq, self.sent_seq, self.last_seq = token, 0, None, None
+        self.send({"op": "hello", "token": token})
         self.ready = self.recv()
 
     def send(self, obj):
+        if isinstance(obj, dict) and obj.get("op") not in ("hello", "tool_result") \
+                and "seq" not in obj:
+            self.seq += 1
+            obj = dict(obj, seq=self.seq)
+        if isinstance(obj, dict) and "seq" in obj:
+            self.sent_seq = obj["seq"]
         line = obj if isinstance(obj, bytes) else json.dumps(obj).encode() + b"\n"
         self.proc.stdin.write(line)
         self.proc.stdin.flush()
@@ -51,7 +63,10 @@ class Session:
             assert chunk, "driver exited (status %s)" % self.proc.wait(TIMEOUT)
             self.buf += chunk
         line, self.buf = self.buf.split(b"\n", 1)
-        return json.loads(line)
+        message = json.loads(line)
+        assert message.pop("token") == self.token, message
+        self.last_seq = message.pop("seq", None)
+        return message
 
     def quiet(self, seconds=0.2):
         """True if the driver writes nothing for this long."""
@@ -61,6 +76,7 @@ class Session:
         self.send(obj)
         response = self.recv()
         assert response["event"] == "result", response
+        assert self.last_seq == self.sent_seq, (self.last_seq, self.sent_seq)
         return response
 
     def exec(self, code, **fields):
@@ -102,6 +118,31 @@ def wait_for(path):
 def test_ready_comes_first(session):
     assert session.ready["event"] == "ready"
     assert re.fullmatch(r"3\.\d+\.\d+\S*", session.ready["python"])
+
+
+@pytest.mark.parametrize("first", [b'{"op": "exec", "code": "1"}\n', b'{"op": "hello"}\n',
+                                   b'{"op": "hello", "token": 5}\n', b"not json\n"],
+                         ids=["exec", "no-token", "token-not-a-string", "not-json"])
+def test_without_a_hello_the_driver_exits(tmp_path, first):
+    proc = subprocess.Popen([PYTHON, str(DRIVER)], cwd=tmp_path, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(first, timeout=TIMEOUT)
+    assert proc.returncode == 1 and out == b"", (proc.returncode, out)
+    assert b"hello" in err or b"JSON" in err
+
+
+def test_every_message_carries_the_token_and_its_requests_number(session):
+    # recv() checks the token; the numbers are the requests' own, whatever they are.
+    session.request({"op": "tools", "names": ["t"], "seq": 41})
+    assert session.last_seq == 41
+    session.send({"op": "exec", "code": "tools.t()", "seq": 7})
+    call = session.recv()
+    assert call["event"] == "tool_call" and session.last_seq == 7
+    session.send({"op": "tool_result", "call_id": call["call_id"], "result": 3})
+    assert session.recv()["value"] == "3" and session.last_seq == 7
+    # A request without a number is answered without one (the server would drop that answer).
+    session.send(b'{"op": "get", "path": "nope"}\n')
+    assert session.recv()["ok"] is False and session.last_seq is None
 
 
 def test_state_persists_across_execs(session):
@@ -353,18 +394,27 @@ def test_stale_tool_result_gets_no_answer(session):
     assert session.run("'next'")["value"] == "'next'"
 
 
-def test_requests_during_a_tool_call_are_answered(session):
+def test_requests_during_a_tool_call_wait_for_the_code(session):
+    # The server sends none while code runs, unless a result forged by the code made it take the
+    # exec for answered: the requests that follow then still get their own answers, in order.
     session.request({"op": "tools", "names": ["slow"]})
     session.send({"op": "exec", "code": "tools.slow()"})
+    exec_seq = session.seq
     call = session.recv()
     assert call["event"] == "tool_call"
-    put = session.request({"op": "put", "path": "f", "data_b64": base64.b64encode(b"x").decode()})
-    assert put == {"event": "result", "ok": True}
-    assert session.exec("1")["error"]["type"] == "BadRequest"
+    session.send({"op": "put", "path": "f", "data_b64": base64.b64encode(b"x").decode()})
+    session.send({"op": "exec", "code": "open('f').read()"})
+    session.send({"op": "nope"})
+    assert session.quiet()
     session.send({"op": "tool_result", "call_id": "c99", "result": 0})  # stale: no answer
-    assert session.request({"op": "nope"})["error"]["type"] == "BadRequest"
     session.send({"op": "tool_result", "call_id": call["call_id"], "result": 5})
-    assert session.recv()["value"] == "5"
+    answers = [(session.recv(), session.last_seq) for _ in range(4)]
+    assert [seq for _, seq in answers] == list(range(exec_seq, exec_seq + 4))
+    assert answers[0][0]["value"] == "5"
+    assert answers[1][0] == {"event": "result", "ok": True}
+    assert answers[2][0]["value"] == "'x'"
+    assert answers[3][0]["error"]["type"] == "BadRequest"
+    assert session.quiet()
 
 
 def test_sigint_during_a_tool_call(session):

@@ -1,6 +1,10 @@
 // The session state machine of `sqbox serve` (src/session/session_state.h), driven through a fake
 // port: the driver's lines go in as bytes, and what the session sends to its client and its
 // driver, the signals and the sandbox's starts come out. No sandbox, no descriptors.
+//
+// The fake port takes the hello (the driver's token) and each request's sequence number out of
+// what goes to the driver, and from_driver() puts them into the driver's messages, as the driver
+// does; the tests of forged messages write the driver's lines with or without them.
 #include "session/session_state.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "util/errors.h"
+
 namespace sqbox {
 namespace {
 
@@ -20,7 +26,17 @@ class FakePort : public SessionPort {
   public:
     void answer(Session& /*session*/, const json& message) override { answers.push_back(message); }
     void send_to_driver(Session& /*session*/, const json& message) override {
-        to_driver.push_back(message);
+        if (message.value("op", "") == "hello") {
+            token = message.at("token").get<std::string>();
+            ++hellos;
+            return;
+        }
+        json request = message;
+        if (request.contains("seq")) {
+            seqs.push_back(request.at("seq").get<uint64_t>());
+            request.erase("seq");
+        }
+        to_driver.push_back(request);
     }
     void signal_sandbox(Session& /*session*/, int signal) override { signals.push_back(signal); }
     bool has_sandbox(const Session& /*session*/) const override { return sandbox; }
@@ -45,7 +61,10 @@ class FakePort : public SessionPort {
     }
 
     std::vector<json> answers;
-    std::vector<json> to_driver;
+    std::vector<json> to_driver;  // without the hello, and without the requests' "seq"
+    std::string token;            // from the last hello
+    int hellos = 0;
+    std::vector<uint64_t> seqs;  // of the requests sent to the driver
     std::vector<int> signals;
     int starts = 0;
     int retires = 0;
@@ -67,11 +86,21 @@ class SessionStateTest : public ::testing::Test {
         return *session_;
     }
 
-    // One message from the driver, as one line (its text may be wrapped in the source here).
+    // One message from the driver, as one line (its text may be wrapped in the source here),
+    // with the driver's token and the current request's sequence number as the driver adds
+    // them, unless it has its own.
     void from_driver(std::string message) {
         std::replace(message.begin(), message.end(), '\n', ' ');
-        session_->driver_output(message + "\n");
+        json parsed = json::parse(message, nullptr, false);
+        if (parsed.is_object()) {
+            if (!parsed.contains("token")) parsed["token"] = port_.token;
+            if (!parsed.contains("seq") && !port_.seqs.empty()) parsed["seq"] = port_.seqs.back();
+            message = parsed.dump();
+        }
+        raw_from_driver(message);
     }
+    // A line exactly as given.
+    void raw_from_driver(const std::string& line) { session_->driver_output(line + "\n"); }
 
     static json request(const std::string& text) { return json::parse(text); }
 
@@ -88,8 +117,9 @@ TEST_F(SessionStateTest, OpenIsAnsweredWhenTheDriverIsReady) {
     EXPECT_TRUE(session.has_work());
     EXPECT_TRUE(port_.answers.empty());
 
-    session.driver_output(R"({"event": "ready", "python": "3.11.2"})"
-                          "\n");
+    EXPECT_EQ(port_.hellos, 1);
+    session.driver_output(R"({"event": "ready", "python": "3.11.2", "token": ")" + port_.token +
+                          "\"}\n");
     EXPECT_EQ(session.state(), Session::State::kIdle);
     EXPECT_FALSE(session.has_work());
     EXPECT_EQ(port_.take_answers(), Lines{R"({"id":"open-1","ok":true,"session":"s1"})"});
@@ -101,13 +131,14 @@ TEST_F(SessionStateTest, LinesMayArriveInPiecesAndSeveralAtOnce) {
     session.open(1);
     session.driver_output(R"({"event": "re)");
     EXPECT_EQ(session.state(), Session::State::kStarting);
-    session.driver_output(R"(ady"})");
+    session.driver_output(R"(ady", "token": ")" + port_.token + "\"}");
     EXPECT_EQ(session.state(), Session::State::kStarting);
     session.submit(request(R"({"id": 2, "op": "exec", "session": "s1", "code": "1"})"));
-    session.driver_output(
-        "\n"
-        R"({"event": "result", "value": "1"})"
-        "\n");
+    session.driver_output("\n");
+    const std::string result = R"({"event": "result", "seq": )" + std::to_string(port_.seqs.at(0)) +
+                               R"(, "value": "1", "token": ")" + port_.token + "\"}\n";
+    session.driver_output(result + result.substr(0, 9));  // and the start of a stale one
+    EXPECT_EQ(session.state(), Session::State::kIdle);
     EXPECT_EQ(port_.take_answers(), (Lines{R"({"id":1,"ok":true,"session":"s1"})",
                                            R"({"value":"1","id":2,"ok":true,"timed_out":false})"}));
 }
@@ -126,8 +157,7 @@ TEST_F(SessionStateTest, RequestsSentWhileStartingWaitForTheDriver) {
     session.open(1);
     session.submit(request(R"({"id": 2, "op": "exec", "session": "s1", "code": "x = 1"})"));
     EXPECT_TRUE(port_.to_driver.empty());
-    session.driver_output(R"({"event": "ready"})"
-                          "\n");
+    session.driver_output(R"({"event": "ready", "token": ")" + port_.token + "\"}\n");
     EXPECT_EQ(port_.take_to_driver(),
               Lines{R"({"op":"exec","code":"x = 1","output_limit":1048576})"});
     EXPECT_EQ(session.state(), Session::State::kBusy);
@@ -314,22 +344,34 @@ TEST_F(SessionStateTest, ToolResultsNobodyAwaitsAreDropped) {
     EXPECT_TRUE(port_.to_driver.empty());
 
     from_driver(R"({"event": "tool_call", "call_id": "c1", "name": "search"})");
+    // An answer to another call (a late one to an earlier exec's) is not this call's.
+    session.tool_result(request(R"({"op": "tool_result", "session": "s1", "call_id": "c0",
+                                   "result": 0})"));
+    EXPECT_TRUE(port_.to_driver.empty());
     session.tool_result(answer);
     session.tool_result(answer);  // answered already
     EXPECT_EQ(port_.take_to_driver(), Lines{R"({"op":"tool_result","call_id":"c1","result":1})"});
 }
 
-TEST_F(SessionStateTest, ToolResultWithoutCallIdThrowsAsAMalformedRequest) {
+TEST_F(SessionStateTest, AToolResultWithoutCallIdFailsTheAwaitedCall) {
     Session& session = ready_session({"search"});
     from_driver(R"({"event": "result"})");
     session.submit(request(R"({"id": 5, "op": "exec", "session": "s1", "code": "a"})"));
     from_driver(R"({"event": "tool_call", "call_id": "c1", "name": "search"})");
     port_.to_driver.clear();
-    EXPECT_THROW(session.tool_result(request(R"({"op": "tool_result", "session": "s1"})")),
-                 json::exception);
-    // The call counts as answered: a later answer is dropped.
+    port_.answers.clear();
+    for (const char* malformed : {R"({"op": "tool_result", "session": "s1", "result": 1})",
+                                  R"({"op": "tool_result", "session": "s1", "call_id": [1]})"}) {
+        EXPECT_THROW(session.tool_result(request(malformed)), Error) << malformed;
+    }
+    // The driver is not left waiting: its call fails (once), and the code goes on.
+    EXPECT_EQ(port_.take_to_driver(),
+              Lines{R"({"op":"tool_result","call_id":"c1","error":{"type":"BadToolResult",)"
+                    R"("message":"the client's answer to this call was malformed"}})"});
     session.tool_result(request(R"({"op": "tool_result", "call_id": "c1", "result": 1})"));
     EXPECT_TRUE(port_.to_driver.empty());
+    from_driver(R"({"event": "result", "value": "2"})");
+    EXPECT_EQ(port_.take_answers(), Lines{R"({"value":"2","id":5,"ok":true,"timed_out":false})"});
 }
 
 TEST_F(SessionStateTest, ACallOfAToolNotRegisteredIsRefusedToTheDriver) {
@@ -362,8 +404,8 @@ TEST_F(SessionStateTest, TheToolsRequestReplacesTheNames) {
                     R"("message":"no such tool"}})"});
 }
 
-// What the code in the session could forge on the driver's channel is handled as below (issue 21
-// will tighten this; these tests pin today's behaviour).
+// The code in the session can write on the driver's channel; what it could forge is handled as
+// below.
 TEST_F(SessionStateTest, LinesThatAreNotDriverMessagesAreIgnored) {
     Session& session = ready_session({"search"});
     from_driver(R"({"event": "result"})");
@@ -379,6 +421,8 @@ TEST_F(SessionStateTest, LinesThatAreNotDriverMessagesAreIgnored) {
     from_driver(R"({"event": "tool_call", "name": "search"})");                   // no call_id
     from_driver(R"({"event": "tool_call", "call_id": 1.5, "name": "search"})");   // not an id
     from_driver(R"({"event": "tool_call", "call_id": null, "name": "search"})");  // not an id
+    from_driver(R"({"event": "result", "seq": "2"})");                            // not a number
+    from_driver(R"({"event": "result", "seq": -2})");
     EXPECT_TRUE(port_.answers.empty());
     EXPECT_TRUE(port_.to_driver.empty());
     EXPECT_TRUE(port_.signals.empty());
@@ -387,32 +431,129 @@ TEST_F(SessionStateTest, LinesThatAreNotDriverMessagesAreIgnored) {
     EXPECT_EQ(port_.take_answers(), Lines{R"({"id":2,"ok":true,"timed_out":false})"});
 }
 
+TEST_F(SessionStateTest, EachRequestHasANewNumberAndEachSandboxANewToken) {
+    Session& session = ready_session({"search"});
+    EXPECT_EQ(port_.hellos, 1);
+    const std::string first_token = port_.token;
+    EXPECT_EQ(first_token.size(), 32U);
+    from_driver(R"({"event": "result"})");
+    session.submit(request(R"({"id": 2, "op": "exec", "session": "s1", "code": "a"})"));
+    from_driver(R"({"event": "result"})");
+    session.submit(request(R"({"id": 3, "op": "get", "session": "s1", "path": "/p"})"));
+    // Random, so that code that knows its own request's number cannot tell the next one's.
+    ASSERT_EQ(port_.seqs.size(), 3U);
+    EXPECT_NE(port_.seqs[0], port_.seqs[1]);
+    EXPECT_NE(port_.seqs[1], port_.seqs[2]);
+    for (const uint64_t seq : port_.seqs) {
+        EXPECT_NE(seq, 0U);
+        EXPECT_LT(seq, uint64_t{1} << 63);
+    }
+    session.reset(4);
+    EXPECT_EQ(port_.hellos, 2);
+    EXPECT_NE(port_.token, first_token);
+    // The old driver's token means nothing to the new sandbox.
+    raw_from_driver(R"({"event": "ready", "token": ")" + first_token + "\"}");
+    EXPECT_EQ(session.state(), Session::State::kStarting);
+    from_driver(R"({"event": "ready"})");
+    EXPECT_EQ(session.state(), Session::State::kBusy);  // the tools request
+    EXPECT_EQ(port_.seqs.size(), 4U);
+}
+
+TEST_F(SessionStateTest, LinesWithoutTheTokenAreIgnored) {
+    Session& session = ready_session({"search"});
+    from_driver(R"({"event": "result"})");
+    session.submit(request(R"({"id": 2, "op": "exec", "session": "s1", "code": "a"})"));
+    port_.answers.clear();
+    port_.to_driver.clear();
+    const std::string seq = std::to_string(port_.seqs.back());
+    std::string wrong = port_.token;
+    wrong.back() = wrong.back() == '0' ? '1' : '0';
+    const std::vector<std::string> tokens = {"", R"(,"token":null)", R"(,"token":"")",
+                                             R"(,"token":")" + wrong + "\"",
+                                             R"(,"token":")" + port_.token + "0\""};
+    for (const std::string& token : tokens) {
+        raw_from_driver(R"({"event":"result","seq":)" + seq + token + "}");
+        raw_from_driver(R"({"event":"tool_call","call_id":"x","name":"search","seq":)" + seq +
+                        token + "}");
+        raw_from_driver(R"({"event":"ready")" + token + "}");
+    }
+    EXPECT_TRUE(port_.answers.empty());
+    EXPECT_TRUE(port_.to_driver.empty());
+    EXPECT_TRUE(port_.signals.empty());
+    EXPECT_EQ(session.state(), Session::State::kBusy);
+    from_driver(R"({"event": "result", "value": "'a'"})");
+    EXPECT_EQ(port_.take_answers(), Lines{R"({"value":"'a'","id":2,"ok":true,"timed_out":false})"});
+}
+
 TEST_F(SessionStateTest, MessagesOutOfTurnAreIgnored) {
     Session& session = ready_session({"search"});
     // During the internal tools request, tool calls do not reach the client.
     from_driver(R"({"event": "tool_call", "call_id": "c1", "name": "search"})");
     EXPECT_TRUE(port_.answers.empty());
+    EXPECT_TRUE(port_.take_to_driver().size() == 1);  // the tools request itself
     from_driver(R"({"event": "result"})");
-    port_.to_driver.clear();
-    // Idle: neither results nor tool calls are expected.
+    // Idle: no result is expected, and a tool call is refused to the driver (code that goes on
+    // after its request was answered must not wait for ever).
     from_driver(R"({"event": "result", "value": "1"})");
     from_driver(R"({"event": "tool_call", "call_id": "c1", "name": "search"})");
     EXPECT_TRUE(port_.answers.empty());
-    EXPECT_TRUE(port_.to_driver.empty());
+    EXPECT_EQ(port_.take_to_driver(),
+              Lines{R"({"op":"tool_result","call_id":"c1","error":{"type":"RequestAnswered",)"
+                    R"("message":"the request this code runs for was answered"}})"});
     EXPECT_EQ(session.state(), Session::State::kIdle);
 }
 
-TEST_F(SessionStateTest, AReadyWhileBusyMakesTheSessionIdle) {
+TEST_F(SessionStateTest, AReadyAfterTheStartIsIgnored) {
     Session& session = ready_session();
     session.submit(request(R"({"id": 2, "op": "exec", "session": "s1", "code": "a"})"));
     session.submit(request(R"({"id": 3, "op": "exec", "session": "s1", "code": "b"})"));
     port_.to_driver.clear();
-    from_driver(R"({"event": "ready"})");
-    // The next request goes to the driver; the one being served is not answered.
-    EXPECT_EQ(port_.take_to_driver(), Lines{R"({"op":"exec","code":"b","output_limit":1048576})"});
+    from_driver(R"({"event": "ready"})");  // with the token: the code read it from the driver
+    EXPECT_TRUE(port_.to_driver.empty());
     EXPECT_TRUE(port_.answers.empty());
+    EXPECT_EQ(session.state(), Session::State::kBusy);
+    // The request being served gets its own result, and the next one goes to the driver.
+    from_driver(R"({"event": "result", "value": "'a'"})");
+    EXPECT_EQ(port_.take_answers(), Lines{R"({"value":"'a'","id":2,"ok":true,"timed_out":false})"});
+    EXPECT_EQ(port_.take_to_driver(), Lines{R"({"op":"exec","code":"b","output_limit":1048576})"});
     from_driver(R"({"event": "result"})");
     EXPECT_EQ(port_.take_answers(), Lines{R"({"id":3,"ok":true,"timed_out":false})"});
+}
+
+TEST_F(SessionStateTest, AForgedResultWithTheTokenSpoilsOnlyTheRequestItCameIn) {
+    Session& session = ready_session({"search"});
+    from_driver(R"({"event": "result"})");
+    session.submit(request(R"j({"id": 2, "op": "exec", "session": "s1", "code": "forge()"})j"));
+    session.submit(request(R"j({"id": 3, "op": "exec", "session": "s1", "code": "check()"})j"));
+    port_.to_driver.clear();
+    const uint64_t forged_seq = port_.seqs.back();
+    // The code forges its own request's result, and then guesses at the next request's number.
+    from_driver(R"({"event": "result", "value": "'forged'"})");
+    EXPECT_EQ(port_.take_answers(),
+              Lines{R"({"value":"'forged'","id":2,"ok":true,"timed_out":false})"});
+    EXPECT_EQ(port_.take_to_driver(),
+              Lines{R"j({"op":"exec","code":"check()","output_limit":1048576})j"});
+    const uint64_t next_seq = port_.seqs.back();
+    for (const uint64_t guess : {forged_seq + 1, forged_seq - 1, uint64_t{0}, uint64_t{1}}) {
+        if (guess == next_seq) continue;  // one chance in 2^63 that a guess is right
+        from_driver(R"({"event": "result", "seq": )" + std::to_string(guess) +
+                    R"(, "value": "'forged for 3'"})");
+    }
+    EXPECT_TRUE(port_.answers.empty());
+    // The code goes on: its tool calls are refused to the driver, its real result is dropped.
+    from_driver(R"({"event": "tool_call", "seq": )" + std::to_string(forged_seq) +
+                R"(, "call_id": "c1", "name": "search"})");
+    from_driver(R"({"event": "result", "seq": )" + std::to_string(forged_seq) +
+                R"(, "value": "'real 2'"})");
+    EXPECT_TRUE(port_.answers.empty());
+    EXPECT_EQ(port_.take_to_driver(),
+              Lines{R"({"op":"tool_result","call_id":"c1","error":{"type":"RequestAnswered",)"
+                    R"("message":"the request this code runs for was answered"}})"});
+    // The next request gets its own answer.
+    from_driver(R"({"event": "result", "value": "'real 3'"})");
+    EXPECT_EQ(port_.take_answers(),
+              Lines{R"({"value":"'real 3'","id":3,"ok":true,"timed_out":false})"});
+    EXPECT_TRUE(port_.signals.empty());
 }
 
 TEST_F(SessionStateTest, OverlappingToolCallsKillTheSandbox) {
@@ -543,8 +684,7 @@ TEST_F(SessionStateTest, AResetWhileStartingAnswersTheOpenToo) {
     EXPECT_EQ(port_.take_answers(),
               Lines{R"({"id":2,"ok":false,"error":{"type":"SessionReset","message":"the )"
                     R"(session was reset"}})"});
-    session.driver_output(R"({"event": "ready"})"
-                          "\n");
+    session.driver_output(R"({"event": "ready", "token": ")" + port_.token + "\"}\n");
     EXPECT_EQ(port_.take_answers(), (Lines{R"({"id":1,"ok":true,"session":"s1"})",
                                            R"({"id":3,"ok":true,"session":"s1"})"}));
 }

@@ -19,6 +19,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "util/errors.h"
 #include "util/unique_fd.h"
@@ -238,6 +239,74 @@ TEST_F(SquashfsWriterTest, KeepsOwnersWithoutAllRoot) {
     write_image(dir_ / "rooted.sqsh", SquashfsWriteOptions{});
     listing = run("unsquashfs -lln " + (dir_ / "rooted.sqsh").string());
     EXPECT_EQ(listing.output.find("1234/5678"), std::string::npos) << listing.output;
+}
+
+// The export's rule: setuid/setgid bits stay only on files the reference (the image) has with
+// those bits and the same bytes; whatever was added or changed on top loses them.
+TEST_F(SquashfsWriterTest, SetIdBitsStayOnlyWhereTheReferenceHasTheSameFile) {
+    if (!have_unsquashfs()) GTEST_SKIP() << "unsquashfs (squashfs-tools) is not installed";
+    const fs::path reference = dir_ / "reference";
+    fs::create_directories(reference / "bin");
+    fs::create_directories(source_ / "bin");
+    const std::map<std::string, std::pair<std::string, mode_t>> image_files = {
+        {"bin/su", {"the image's su", 04755}},
+        {"bin/wall", {"the image's wall", 02755}},
+        {"bin/changed", {"the image's bytes", 04755}},
+        {"bin/plain", {"an ordinary program", 0755}},
+        {"bin/setgid-only", {"setgid in the image", 02755}},
+    };
+    for (const auto& [name, file] : image_files) {
+        write_file(reference / name, file.first);
+        ASSERT_EQ(::chmod((reference / name).c_str(), file.second), 0);
+    }
+    // The tree as a container left it: unchanged image files, and what its payload did.
+    const std::map<std::string, std::pair<std::string, mode_t>> tree_files = {
+        {"bin/su", {"the image's su", 04755}},                // unchanged: kept
+        {"bin/wall", {"the image's wall", 02755}},            // unchanged: kept
+        {"bin/changed", {"other bytes here!", 04755}},        // rewritten: dropped
+        {"bin/plain", {"an ordinary program", 06755}},        // made setuid: dropped
+        {"bin/setgid-only", {"setgid in the image", 06755}},  // setuid added: dropped
+        {"bin/mine", {"the payload's shell", 06755}},         // new: dropped
+        {"link/su", {"the image's su", 04755}},               // same bytes, other path: dropped
+    };
+    fs::create_directories(source_ / "link");
+    for (const auto& [name, file] : tree_files) {
+        write_file(source_ / name, file.first);
+        ASSERT_EQ(::chmod((source_ / name).c_str(), file.second), 0);
+    }
+    // A path the reference reaches only through a symlink does not count.
+    fs::create_directory_symlink("bin", reference / "link");
+
+    UniqueFd reference_fd(::open(reference.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    ASSERT_TRUE(reference_fd.valid());
+    UniqueFd fd(::open(source_.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    ASSERT_TRUE(fd.valid());
+    SquashfsWriteOptions options;
+    options.setid_reference_fd = reference_fd.get();
+    const SquashfsWriteSummary summary =
+        write_squashfs_image(fd.get(), (dir_ / "image.sqsh").string(), options);
+    EXPECT_EQ(summary.setid_dropped,
+              (std::vector<std::string>{"bin/changed", "bin/mine", "bin/plain", "bin/setgid-only",
+                                        "link/su"}));
+
+    CommandResult listing = run("unsquashfs -lln " + (dir_ / "image.sqsh").string());
+    ASSERT_EQ(listing.status, 0) << listing.output;
+    std::map<std::string, std::string> modes;
+    std::istringstream lines(listing.output);
+    for (std::string line; std::getline(lines, line);) {
+        const size_t slash = line.find("squashfs-root/");
+        if (slash != std::string::npos) modes[line.substr(slash + 14)] = line.substr(0, 10);
+    }
+    EXPECT_EQ(modes["bin/su"], "-rwsr-xr-x");
+    EXPECT_EQ(modes["bin/wall"], "-rwxr-sr-x");
+    for (const char* name :
+         {"bin/changed", "bin/plain", "bin/setgid-only", "bin/mine", "link/su"}) {
+        EXPECT_EQ(modes[name], "-rwxr-xr-x") << name;
+    }
+    // Without a reference, the tree's bits are packed as they are.
+    write_image(dir_ / "plain.sqsh", SquashfsWriteOptions{});
+    EXPECT_NE(run("unsquashfs -lln " + (dir_ / "plain.sqsh").string()).output.find("-rwsr-sr-x"),
+              std::string::npos);
 }
 
 TEST_F(SquashfsWriterTest, RefusesAnExistingOutputAndLeavesItAlone) {
