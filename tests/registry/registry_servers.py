@@ -47,14 +47,22 @@ def b64url(data):
 # --- OCI layouts ------------------------------------------------------------------------------
 
 def layer_tar(files):
-    """A gzip-compressed tar of {path: bytes}, reproducible."""
+    """A gzip-compressed tar of {path: bytes | (bytes, mode) | ("symlink", target)},
+    reproducible; returns it and its uncompressed digest (the diff_id)."""
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name, content in sorted(files.items()):
             info = tarfile.TarInfo(name)
-            info.size = len(content)
-            info.mode = 0o644
             info.mtime = 1700000000
+            info.mode = 0o644
+            if isinstance(content, tuple) and content[0] == "symlink":
+                info.type = tarfile.SYMTYPE
+                info.linkname = content[1]
+                tar.addfile(info)
+                continue
+            if isinstance(content, tuple):
+                content, info.mode = content
+            info.size = len(content)
             tar.addfile(info, io.BytesIO(content))
     uncompressed = raw.getvalue()
     return gzip.compress(uncompressed, mtime=0), sha256(uncompressed)
