@@ -15,8 +15,8 @@ namespace {
 constexpr mode_t kBlobMode = 0640;  // enroot's mode for its cached layers
 }
 
-BlobCache::BlobCache(std::filesystem::path cache_dir)
-    : blobs_(std::move(cache_dir) / "blobs" / "sha256") {}
+BlobCache::BlobCache(const std::filesystem::path& cache_dir)
+    : blobs_(cache_dir / "blobs" / "sha256") {}
 
 std::filesystem::path BlobCache::path_of(const std::string& digest) const {
     return blobs_ / digest.substr(digest.find(':') + 1);

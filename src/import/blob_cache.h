@@ -13,7 +13,7 @@ namespace sqbox {
 
 class BlobCache {
   public:
-    explicit BlobCache(std::filesystem::path cache_dir);
+    explicit BlobCache(const std::filesystem::path& cache_dir);
 
     [[nodiscard]] std::filesystem::path path_of(const std::string& digest) const;
     [[nodiscard]] bool contains(const std::string& digest) const;

@@ -20,7 +20,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr size_t kMaxErrorBody = 16 * 1024;  // enough for a registry's JSON error
+constexpr size_t kMaxErrorBody = size_t{16} * 1024;  // enough for a registry's JSON error
 
 struct CurlUrlDeleter {
     void operator()(CURLU* url) const { curl_library().url_cleanup(url); }
@@ -251,8 +251,9 @@ class Multi {
     }
     void add(Transfer& transfer) {
         const CURLMcode code = curl_library().multi_add_handle(multi_.get(), transfer.easy.get());
-        if (code != CURLM_OK)
+        if (code != CURLM_OK) {
             throw Error(std::string("libcurl: ") + curl_library().multi_strerror(code));
+        }
         active_.push_back(transfer.easy.get());
     }
     void remove(CURL* easy) {
@@ -332,8 +333,9 @@ std::vector<HttpResponse> perform_requests(const std::vector<HttpRequest>& reque
         }
         int running = 0;
         CURLMcode code = curl_library().multi_perform(multi.get(), &running);
-        if (code != CURLM_OK)
+        if (code != CURLM_OK) {
             throw Error(std::string("libcurl: ") + curl_library().multi_strerror(code));
+        }
         int left = 0;
         while (CURLMsg* message = curl_library().multi_info_read(multi.get(), &left)) {
             if (message->msg != CURLMSG_DONE) continue;
@@ -392,8 +394,9 @@ std::vector<HttpResponse> perform_requests(const std::vector<HttpRequest>& reque
             continue;
         }
         code = curl_library().multi_poll(multi.get(), nullptr, 0, timeout_ms, nullptr);
-        if (code != CURLM_OK)
+        if (code != CURLM_OK) {
             throw Error(std::string("libcurl: ") + curl_library().multi_strerror(code));
+        }
     }
     return responses;
 }

@@ -407,6 +407,7 @@ void apply_enroot_transfer_settings(RegistryOptions& options) {
 }
 
 ImageLayers pull_from_registry(const std::string& uri, const RegistryOptions& options) {
+    if (options.cache_dir.empty()) throw Error("no cache directory for the image's layers");
     RegistrySession session(parse_docker_uri(uri), options);
     ResolvedManifest resolved = resolve_manifest(session, options);
     const ParsedManifest& manifest = resolved.manifest;

@@ -199,8 +199,9 @@ std::optional<AuthChallenge> parse_www_authenticate(const std::string& value) {
     AuthChallenge challenge;
     size_t i = 0;
     while (i < value.size() && is_space(value[i])) ++i;
-    while (i < value.size() && !is_space(value[i]) && value[i] != ',')
+    while (i < value.size() && !is_space(value[i]) && value[i] != ',') {
         challenge.scheme += value[i++];
+    }
     if (challenge.scheme.empty()) return std::nullopt;
     while (i < value.size()) {
         while (i < value.size() && (is_space(value[i]) || value[i] == ',')) ++i;
@@ -223,8 +224,9 @@ std::optional<AuthChallenge> parse_www_authenticate(const std::string& value) {
             if (i >= value.size()) return std::nullopt;  // unterminated quoted string
             ++i;
         } else {
-            while (i < value.size() && value[i] != ',' && !is_space(value[i]))
+            while (i < value.size() && value[i] != ',' && !is_space(value[i])) {
                 parameter += value[i++];
+            }
         }
         challenge.parameters[name] = parameter;
     }

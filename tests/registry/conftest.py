@@ -35,7 +35,7 @@ class Puller:
         self.config.mkdir()
         self.docker_config = workdir / "docker-config.json"
 
-    def run(self, command, uri, *options, env=None, timeout=120):
+    def run(self, command, uri, *options, env=None, timeout=120, text=True):
         argv = [str(self.tool), command, uri, "--cache", str(self.cache),
                 "--config", str(self.config), "--docker-config", str(self.docker_config),
                 "--allow-http", *options]
@@ -44,7 +44,7 @@ class Puller:
                      "ENROOT_TRANSFER_TIMEOUT", "ENROOT_MAX_CONNECTIONS"):
             environment.pop(name, None)
         environment.update(env or {})
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+        return subprocess.run(argv, capture_output=True, text=text, timeout=timeout,
                               env=environment)
 
     def pull(self, uri, *options, **kwargs):

@@ -134,3 +134,14 @@ def test_token_registry_bearer_flow(puller, token_registry, layouts):
     # The token request carried the scope the registry asked for.
     assert any("scope=repository%3atest%2fderived%3apull" in path.lower()
                for path, _ in token_registry.tokens.requests)
+
+
+def test_progress_only_when_asked(puller, open_registry):
+    uri = f"docker://{open_registry.address}#test/derived:1"
+    quiet = puller.run("pull", uri)
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    shown = puller.run("pull", f"docker://{open_registry.address}#test/base:1", "--progress",
+                       text=False)
+    assert shown.returncode == 0, shown.stderr
+    assert b"\rsqbox: downloading 1 blob: " in shown.stderr  # the config; the layers are cached
+    assert shown.stderr.endswith(b"\r\033[K")  # the line is cleared once done
