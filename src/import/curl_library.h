@@ -1,5 +1,5 @@
 // libcurl, loaded when an import first needs it rather than linked: every shared library the
-// binary links costs each `sqbox run` its loading, and libcurl brings some twenty more. Only the
+// binary links costs each `sqbox run` its loading, and libcurl brings some thirty (ldd). Only the
 // types come from <curl/curl.h>; the functions are called through this table.
 #pragma once
 
