@@ -4,12 +4,13 @@
 The layers of src/, lowest first; a file may include headers of its own layer and of the layers
 below it, never of one above:
 
-    util <- security <- config <- image <- warm_up <- runtime <- session <- cli
+    util <- security <- config <- image <- import <- warm_up <- runtime <- session <- cli
 
   util      errors, files, descriptors, processes: no knowledge of sandboxes
   security  seccomp, Landlock, capabilities, confined work on untrusted input
   config    the one validator of what front ends put into a SandboxConfig
   image     image files and the image server (squashfs, FUSE), enroot's container store
+  import    image import: registry and archive sources, layers applied into a squashfs image
   warm_up   warm-up lists, learning runs, unpacked files, the look-ahead
   runtime   the launch pipeline: launcher, supervisor, init, payload
   session   sqbox serve
@@ -26,7 +27,7 @@ import pathlib
 import re
 import sys
 
-LAYERS = ["util", "security", "config", "image", "warm_up", "runtime", "session", "cli"]
+LAYERS = ["util", "security", "config", "image", "import", "warm_up", "runtime", "session", "cli"]
 RANK = {name: rank for rank, name in enumerate(LAYERS)}
 PUBLIC = "sqbox"  # include/sqbox/
 WARM_UP_INTERFACE = "warm_up/warm_up.h"

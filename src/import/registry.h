@@ -10,11 +10,11 @@
 namespace sqbox {
 
 struct RegistryOptions {
-    std::string architecture;             // GOARCH name (amd64, arm64); empty: the host's
-    std::filesystem::path cache_dir;      // blobs by digest (enroot: $ENROOT_CACHE_PATH)
-    std::filesystem::path config_dir;     // enroot's $ENROOT_CONFIG_PATH (.credentials)
-    bool allow_http = false;              // enroot: ENROOT_ALLOW_HTTP
-    bool progress = false;                // a progress display (on a terminal)
+    std::string architecture;          // GOARCH name (amd64, arm64); empty: the host's
+    std::filesystem::path cache_dir;   // blobs by digest (enroot: $ENROOT_CACHE_PATH)
+    std::filesystem::path config_dir;  // enroot's $ENROOT_CONFIG_PATH (.credentials)
+    bool allow_http = false;           // enroot: ENROOT_ALLOW_HTTP
+    bool progress = false;             // a progress display (on a terminal)
 };
 
 // `uri`: docker://[USER@][REGISTRY#]IMAGE[:TAG|@DIGEST]. Throws Error with one clear line.
