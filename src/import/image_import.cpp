@@ -89,12 +89,12 @@ bool rename_without_replacing(const std::filesystem::path& from, const std::file
     if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) {
         return true;
     }
-    if (errno == EEXIST) throw Error("file already exists: " + to.string());
+    if (errno == EEXIST) throw Error("File already exists: " + to.string());
     if (errno != EINVAL && errno != ENOSYS)
         throw system_error("cannot rename the image to " + to.string());
     // Filesystems without RENAME_NOREPLACE: link() never replaces either.
     if (::link(from.c_str(), to.c_str()) != 0) {
-        if (errno == EEXIST) throw Error("file already exists: " + to.string());
+        if (errno == EEXIST) throw Error("File already exists: " + to.string());
         throw system_error("cannot link the image to " + to.string());
     }
     return false;
@@ -114,7 +114,7 @@ std::filesystem::path temporary_path_beside(const std::filesystem::path& output)
 void write_image_from_layers(const ImageLayers& image, const std::filesystem::path& output,
                              const ImportOptions& options) {
     struct stat st {};
-    if (::lstat(output.c_str(), &st) == 0) throw Error("file already exists: " + output.string());
+    if (::lstat(output.c_str(), &st) == 0) throw Error("File already exists: " + output.string());
     std::vector<UniqueFd> fds = open_layers(image);
 
     // Pass 1: the final tree from the headers.

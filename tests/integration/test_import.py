@@ -171,10 +171,47 @@ def unpack_squashfs(image: Path, directory: Path):
                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=True, timeout=300)
 
 
+def permission_bits(text: str) -> int:
+    """`ls -l`'s permission string (without the type letter) as mode bits."""
+    bits = 0
+    for group, shift, special_bit in ((text[0:3], 6, 0o4000), (text[3:6], 3, 0o2000),
+                                      (text[6:9], 0, 0o1000)):
+        if group[0] == "r":
+            bits |= 4 << shift
+        if group[1] == "w":
+            bits |= 2 << shift
+        if group[2] in "xst":
+            bits |= 1 << shift
+        if group[2] in "sStT":
+            bits |= special_bit
+    return bits
+
+
+def image_listing(image: Path):
+    """Modes and owners as the image holds them (unsquashfs, unprivileged, drops setgid bits
+    and owners when it extracts)."""
+    listing = subprocess.run(["unsquashfs", "-lln", str(image)], stdout=subprocess.PIPE,
+                             text=True, check=True).stdout
+    entries = {}
+    for line in listing.splitlines():
+        fields = line.split()
+        if len(fields) < 6 or not fields[5].startswith("squashfs-root/"):
+            continue
+        uid, gid = fields[1].split("/")
+        entries[fields[5][len("squashfs-root/"):]] = (permission_bits(fields[0][1:]),
+                                                      (int(uid), int(gid)))
+    return entries
+
+
 def assert_same_as_reference(image: Path, reference: Path, scratch: Path):
     unpacked = scratch / "unpacked"
     unpack_squashfs(image, unpacked)
     got, got_links = tree_of(unpacked, owners=IS_ROOT)
+    for path, (mode, owner) in image_listing(image).items():
+        if path in got:
+            got[path]["mode"] = mode
+            if IS_ROOT:
+                got[path]["owner"] = owner
     want, want_links = tree_of(reference, owners=IS_ROOT)
     for name in ENROOT_FILES | {"work", "work/dir"}:
         got.pop(name, None)
