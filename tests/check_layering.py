@@ -10,7 +10,7 @@ below it, never of one above:
   security  seccomp, Landlock, capabilities, confined work on untrusted input
   config    the one validator of what front ends put into a SandboxConfig
   image     image files and the image server (squashfs, FUSE), enroot's container store
-  import    images from registries and archives, into squashfs
+  import    image import: registry and archive sources, layers applied into a squashfs image
   warm_up   warm-up lists, learning runs, unpacked files, the look-ahead
   runtime   the launch pipeline: launcher, supervisor, init, payload
   session   sqbox serve

@@ -17,12 +17,14 @@
 
 #include "cli/enroot_conf.h"
 #include "cli/enroot_settings.h"
+#include "cli/import_command.h"
 #include "config/config_validation.h"
 #include "image/container_store.h"
 #include "image/environment_file.h"
 #include "image/fstab.h"
 #include "image/fstab_mounts.h"
 #include "image/image_source.h"
+#include "import/image_import.h"
 #include "sqbox/sandbox.h"
 #include "util/errors.h"
 #include "util/files.h"
@@ -72,6 +74,33 @@ std::string usage_text(const std::string& program, const std::string& command) {
                "       --pid, --net, --ipc, --uts\n"
                "                        Accepted; sqbox always gives each sandbox its own\n";
     }
+    if (command == "import") {
+        return "Usage: " + p +
+               " import [options] [--] URI\n\n"
+               "Import a container image from a registry or an archive as a squashfs image.\n\n"
+               " Schemes:\n"
+               "   docker://[USER@][REGISTRY#]IMAGE[:TAG|@DIGEST]\n"
+               "   oci:DIR[:REF], oci-archive:FILE[:REF], docker-archive:FILE[:REF]\n\n"
+               " Options:\n"
+               "   -a, --arch    Architecture of the image (defaults to host architecture)\n"
+               "   -o, --output  Name of the output image file (defaults to \"URI.sqsh\")\n";
+    }
+    if (command == "load") {
+        return "Usage: " + p +
+               " load [options] [--] URI\n\n"
+               "Import a container image and create a container from it.\n\n"
+               " Options:\n"
+               "   -a, --arch   Architecture of the image (defaults to host architecture)\n"
+               "   -f, --force  Replace an existing container of that name\n"
+               "   -n, --name   Name of the container (defaults to \"URI\")\n";
+    }
+    if (command == "digest") {
+        return "Usage: " + p +
+               " digest [options] [--] URI\n\n"
+               "Print the digest of a container image's manifest.\n\n"
+               " Options:\n"
+               "   -a, --arch  Architecture of the image (defaults to host architecture)\n";
+    }
     if (command == "remove") {
         return "Usage: " + p +
                " remove [options] [--] NAME...\n\n"
@@ -100,8 +129,11 @@ std::string usage_text(const std::string& program, const std::string& command) {
            "Run containers from squashfs images (sqbox, enroot-compatible).\n\n"
            " Commands:\n"
            "   create [options] [--] IMAGE\n"
+           "   digest [options] [--] URI\n"
            "   export [options] [--] NAME\n"
+           "   import [options] [--] URI\n"
            "   list   [options]\n"
+           "   load   [options] [--] URI\n"
            "   remove [options] [--] NAME...\n"
            "   start  [options] [--] NAME|IMAGE [COMMAND] [ARG...]\n"
            "   version\n";
@@ -547,6 +579,60 @@ int enroot_start(const std::vector<std::string>& args, EnrootSettings settings) 
     return exit_status_of(run_sandbox(config));
 }
 
+int enroot_import(const std::vector<std::string>& args) {
+    std::string architecture;
+    std::string output;
+    OptionParser parser("import");
+    parser.value("-a", "--arch", [&](const std::string& v) { architecture = v; });
+    parser.value("-o", "--output", [&](const std::string& v) { output = v; });
+    std::vector<std::string> rest = parser.parse(args);
+    if (rest.size() != 1) throw UsageExit{"import", 1};
+    if (output.empty()) output = default_image_name(rest[0]) + ".sqsh";
+    import_image(rest[0], output, architecture, "zstd");
+    return 0;
+}
+
+// enroot load: import, then create. The image stays in DATA/.sqbox-images/ for the container,
+// which refers to it rather than unpacking it.
+int enroot_load(const std::vector<std::string>& args, EnrootSettings settings) {
+    std::string architecture;
+    std::string name;
+    OptionParser parser("load");
+    parser.value("-a", "--arch", [&](const std::string& v) { architecture = v; });
+    parser.value("-n", "--name", [&](const std::string& v) { name = v; });
+    parser.flag("-f", "--force", [&] { settings.force_override = true; });
+    std::vector<std::string> rest = parser.parse(args);
+    if (rest.size() != 1) throw UsageExit{"load", 1};
+    if (name.empty()) name = default_image_name(rest[0]);
+    ContainerStore::check_name(name);
+    ContainerStore store(settings.data_path);
+    if (!settings.force_override && store.find(name)) {
+        throw Error("File already exists: " + settings.data_path + "/" + name);
+    }
+    const std::filesystem::path images =
+        std::filesystem::path(settings.data_path) / ".sqbox-images";
+    make_directories(images.string(), 0700);
+    const std::filesystem::path image = temporary_path_beside(images / (name + ".sqsh"));
+    import_image(rest[0], image, architecture, "zstd");
+    try {
+        store.create(name, image.string(), settings.force_override);
+    } catch (...) {
+        (void)::unlink(image.c_str());  // the create's own error is the one to report
+        throw;
+    }
+    return 0;
+}
+
+int enroot_digest(const std::vector<std::string>& args) {
+    std::string architecture;
+    OptionParser parser("digest");
+    parser.value("-a", "--arch", [&](const std::string& v) { architecture = v; });
+    std::vector<std::string> rest = parser.parse(args);
+    if (rest.size() != 1) throw UsageExit{"digest", 1};
+    std::cout << image_digest(rest[0], architecture) << "\n";
+    return 0;
+}
+
 int enroot_version(const std::vector<std::string>& args) {
     OptionParser parser("version");
     (void)parser.parse(args);
@@ -563,9 +649,11 @@ int dispatch(const std::vector<std::string>& args, const EnrootSettings& setting
     if (command == "list") return enroot_list(rest, settings);
     if (command == "export") return enroot_export(rest, settings);
     if (command == "version") return enroot_version(rest);
+    if (command == "import") return enroot_import(rest);
+    if (command == "load") return enroot_load(rest, settings);
+    if (command == "digest") return enroot_digest(rest);
     if (command == "help") throw UsageExit{"help", 0};
-    if (command == "import" || command == "load" || command == "bundle" || command == "batch" ||
-        command == "exec" || command == "digest" || command == "info") {
+    if (command == "bundle" || command == "batch" || command == "exec" || command == "info") {
         throw Error("the " + command + " command is not supported by sqbox");
     }
     throw UsageExit{"help", 1};

@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "cli/enroot_command.h"
+#include "cli/import_command.h"
 #include "cli/run_command.h"
 #include "cli/seccomp_command.h"
 #include "cli/serve_command.h"
@@ -27,6 +28,8 @@ int run_main(int argc, char** argv) {
     CLI::App* serve = sqbox::cli::add_serve_subcommand(app, serve_args);
     sqbox::cli::SeccompCheckArguments check_args;
     CLI::App* seccomp_check = sqbox::cli::add_seccomp_subcommand(app, check_args);
+    sqbox::cli::ImportArguments import_args;
+    CLI::App* import = sqbox::cli::add_import_subcommand(app, import_args);
 
     // Split "run [OPTIONS] IMAGE [--] COMMAND..." ourselves: CLI11 sees only up to IMAGE.
     std::vector<std::string> words(argv + 1, argv + argc);
@@ -74,6 +77,15 @@ int run_main(int argc, char** argv) {
     if (serve->parsed()) {
         try {
             return sqbox::cli::execute_serve(serve_args);
+        } catch (const sqbox::Error& e) {
+            sqbox::print_error(e.what());
+            return sqbox::kExitSqboxFailure;
+        }
+    }
+    if (import->parsed()) {
+        try {
+            sqbox::cli::execute_import(import_args);
+            return 0;
         } catch (const sqbox::Error& e) {
             sqbox::print_error(e.what());
             return sqbox::kExitSqboxFailure;

@@ -375,7 +375,7 @@ std::vector<HttpResponse> perform_requests(const std::vector<HttpRequest>& reque
                 continue;
             }
             if (transfer.success_body() && transfer.request->body_fd >= 0) {
-                transfer.response.sha256_hex = transfer.hash->hex_digest();
+                transfer.response.body_digest = transfer.hash->digest();
             }
             responses[transfer.index] = std::move(transfer.response);
             transfer.easy.reset();

@@ -41,7 +41,7 @@ struct HttpResponse {
     long status = 0;
     std::map<std::string, std::string> headers;  // lower-case names, of the final response
     std::string body;                            // memory body, or the start of an error body
-    std::string sha256_hex;                      // of a file body
+    std::string body_digest;                     // "sha256:<hex>" of a file body
     uint64_t body_size = 0;
     std::string url;  // after redirects
 };

@@ -272,7 +272,7 @@ ResolvedManifest resolve_manifest(RegistrySession& session, const RegistryOption
                              : " (" + registry_message(response) + ")"));
         }
         if (response.status != 200) throw Error(status_error(response, what));
-        const std::string digest = sha256_digest(response.body);
+        const std::string digest = sha256_of(response.body);
         const auto advertised = response.headers.find("docker-content-digest");
         if (wanted.starts_with("sha256:")
                 ? digest != wanted
@@ -360,9 +360,9 @@ void download_missing(RegistrySession& session, const BlobCache& cache,
             throw Error(what + " is truncated: " + std::to_string(response.body_size) + " of " +
                         std::to_string(descriptor.size) + " bytes received");
         }
-        if ("sha256:" + response.sha256_hex != descriptor.digest) {
+        if (response.body_digest != descriptor.digest) {
             throw Error(what +
-                        " does not match its digest (received sha256:" + response.sha256_hex + ")");
+                        " does not match its digest (received " + response.body_digest + ")");
         }
     }
     for (auto& blob : pending) blob.commit();

@@ -1,8 +1,8 @@
-// Streaming SHA-256 for verifying blobs by digest, from OpenSSL's libcrypto, loaded when first
-// needed (libcurl's OpenSSL flavour depends on it anyway) so `sqbox run` does not load it.
+// SHA-256 digests of blobs, in the "sha256:<hex>" form image manifests use.
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -10,24 +10,30 @@ namespace sqbox {
 
 class Sha256 {
   public:
-    Sha256();  // throws Error when libcrypto is missing
+    Sha256();
     Sha256(const Sha256&) = delete;
     Sha256& operator=(const Sha256&) = delete;
     ~Sha256();
-
     void update(const void* data, size_t size);
     void update(std::string_view data) { update(data.data(), data.size()); }
-    // Lower-case hex of the digest; the object is then spent.
-    std::string hex_digest();
+    // "sha256:<64 lowercase hex digits>"; the object is spent afterwards.
+    std::string digest();
 
   private:
-    void* context_;  // EVP_MD_CTX
+    struct State;
+    std::unique_ptr<State> state_;
 };
 
-// "sha256:<hex>" of `data`.
-std::string sha256_digest(std::string_view data);
+// The digest of everything readable from `fd` (from its current offset to its end).
+std::string sha256_of_fd(int fd, const std::string& what);
 
-// Whether `digest` is "sha256:" and 64 lower-case hex digits: the only algorithm accepted.
+// "sha256:<hex>" of `data`.
+std::string sha256_of(std::string_view data);
+
+// Throws Error "<what>: digest mismatch (expected E, got G)" unless they agree.
+void check_digest(const std::string& expected, const std::string& actual, const std::string& what);
+
+// True for "sha256:" followed by 64 lowercase hex digits.
 bool is_sha256_digest(const std::string& digest);
 
 }  // namespace sqbox

@@ -135,9 +135,10 @@ def test_usage_and_exit_statuses_follow_enroot(enroot):
     assert enroot("remove").returncode == 1
     version = enroot("version")
     assert version.returncode == 0 and version.stdout.strip()
-    unsupported = enroot("import", "docker://ubuntu")
+    unsupported = enroot("bundle", "image.sqsh")
     assert unsupported.returncode == 1
     assert unsupported.stderr.startswith("[ERROR] ") and "not supported" in unsupported.stderr
+    assert enroot("import").returncode == 1  # usage: import needs a URI
 
 
 def test_sqbox_enroot_subcommand_is_the_same_front_end(sqbox_bin, enroot, busybox_image):

@@ -1,0 +1,36 @@
+// `sqbox import`'s last step: an image's layers and configuration (import/image_layers.h) become
+// one squashfs image with enroot's files in it, without unpacking a root filesystem anywhere.
+//
+// Two passes over the layers: the first reads only their headers and builds the final tree in
+// memory (import/layer_tree.h: whiteouts, opaque directories, later layers over earlier ones);
+// the second streams the data of the files that survive, from the layer that holds each, straight
+// into the image. Memory is the tree's metadata, whatever the size of the files.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include "image/squashfs_builder.h"
+#include "import/image_layers.h"
+
+namespace sqbox {
+
+struct ImportOptions {
+    SquashfsCompression compression = SquashfsCompression::zstd;
+    std::string provenance;                    // the URI, for /etc/rc's first line
+    std::optional<int64_t> source_date_epoch;  // time of the files sqbox adds (else now)
+};
+
+// Writes the image to `output`, which must not exist: to a temporary file beside it first, renamed
+// into place at the end (never over a file that appeared meanwhile); on any failure nothing is
+// left behind and an Error with one line says why.
+void write_image_from_layers(const ImageLayers& image, const std::filesystem::path& output,
+                             const ImportOptions& options);
+
+// "<dir>/.<name>.<random>.tmp": where write_image_from_layers and the archive sources keep
+// temporary files; removed by them on every path out.
+std::filesystem::path temporary_path_beside(const std::filesystem::path& output);
+
+}  // namespace sqbox
