@@ -40,6 +40,7 @@ RegistryOptions registry_options(const std::string& architecture) {
     options.config_dir = load_enroot_settings().config_path;
     options.allow_http = enroot_flag(std::getenv("ENROOT_ALLOW_HTTP"));
     options.progress = ::isatty(STDERR_FILENO) == 1;
+    apply_enroot_transfer_settings(options);  // ENROOT_CONNECT_TIMEOUT and the like
     return options;
 }
 
