@@ -1,8 +1,10 @@
 // The payload's stdio, when it cannot simply inherit the caller's: a terminal is never handed
 // to the payload (it could inject input or change the caller's terminal settings), and
-// --output-limit needs sqbox to count what passes. Such streams become pipes that the launcher
-// copies; the others are inherited unchanged (no copy, no cost). With --tty the payload gets a
-// terminal of the sandbox's own (see terminal.h) and the relay copies between it and the caller's.
+// --output-limit (on by default) needs sqbox to count what passes to a caller that is not a
+// terminal: past the cap the relay reads on and discards, so the payload runs on undisturbed. Such
+// streams become pipes that the launcher copies; the others are inherited unchanged (no copy, no
+// cost). With --tty the payload gets a terminal of the sandbox's own (see terminal.h) and the relay
+// copies between it and the caller's.
 //
 // The copying never blocks the launcher: each direction keeps a buffer, reads only when it is
 // empty and writes only when poll() says the other side has room, so signals are always handled
