@@ -66,6 +66,7 @@ StdioRelay::StdioRelay(std::optional<uint64_t> output_limit, bool tty, int chann
             sandbox_ends_[fd] = std::move(pipe.write_end);
             channel.owned_source = std::move(pipe.read_end);
             channel.source = channel.owned_source.get();
+            channel.source_is_our_pipe = true;
         }
         active_ = true;
     }
@@ -164,6 +165,7 @@ void StdioRelay::flush(Channel& channel) {
     if (n < 0) {  // the reader is gone (EPIPE) or broken: drop this stream's data from now on
         channel.sink_alive = false;
         channel.buffer.clear();
+        if (channel.source_is_our_pipe) channel.close_source();
         return;
     }
     channel.buffer.erase(0, static_cast<size_t>(n));

@@ -64,7 +64,11 @@ class StdioRelay {
         UniqueFd owned_sink;
         std::string buffer;
         bool sink_nonblocking = false;  // our own end (else the caller's, maybe blocking)
-        bool sink_alive = true;         // false after a write error: the rest is read and dropped
+        // false after a write error: the rest is dropped. A pipe of our own is then closed, so
+        // the payload's writes fail (SIGPIPE, EPIPE) as they would on the caller's descriptor:
+        // `sqbox run IMAGE yes | head -1` ends. A terminal's output is read on and dropped.
+        bool sink_alive = true;
+        bool source_is_our_pipe = false;
         std::optional<uint64_t> limit;
         uint64_t passed = 0;
         bool truncated = false;

@@ -66,6 +66,18 @@ def test_output_is_capped_at_16_mib_by_default_and_unlimited_lifts_it(sqbox, bus
     assert data["limits"]["output"] == {"value": None, "enforced_by": "none"}
 
 
+def test_a_reader_that_goes_away_ends_the_writer_as_outside(sqbox_bin, busybox_image):
+    """Relayed output behaves as the caller's own pipe would: once the reader is gone the
+    payload's writes fail and `yes | head -c 10` ends with SIGPIPE, not at the timeout."""
+    process = subprocess.Popen([sqbox_bin, "run", "--timeout", "60", busybox_image, "--", "yes"],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    assert process.stdout.read(10) == b"y\n" * 5
+    process.stdout.close()
+    assert process.wait(timeout=30) == 128 + 13
+    assert process.stderr.read() == b""
+
+
 def test_output_to_dev_null_is_not_relayed(sqbox_bin, busybox_image):
     """Nothing holds what goes to /dev/null: the payload gets it as it is, no relay."""
     result = subprocess.run([sqbox_bin, "run", busybox_image, "--", "sh", "-c",
