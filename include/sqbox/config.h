@@ -15,6 +15,13 @@ namespace sqbox {
 inline constexpr uint64_t kMiB = 1024ULL * 1024ULL;
 inline constexpr uint64_t kGiB = 1024ULL * kMiB;
 
+// The defaults that bound what one sandbox can make its caller and the host hold; why these
+// figures is in docs/run.md ("Output and writable space").
+// Bytes of stdout and of stderr passed on to a caller that is not a terminal.
+inline constexpr uint64_t kDefaultOutputLimit = 16 * kMiB;
+// The sandbox's one writable tmpfs: the root's upper layer, /tmp and /dev/shm together.
+inline constexpr uint64_t kDefaultWritableBytes = 1 * kGiB;
+
 // One mount on top of the sandbox's root, from `--mount`, the image's /etc/fstab or an enroot
 // configuration. sqbox always adds nosuid and nodev.
 struct MountSpec {
@@ -92,8 +99,9 @@ struct SandboxConfig {
     // inside; an enroot container). Empty: the layer is a tmpfs that vanishes at exit. With
     // read_only_root, the layer is shown read-only and nothing is written to it.
     std::string persistent_layer;
-    uint64_t tmpfs_size_bytes =
-        kGiB;  // cap of each writable tmpfs (root upper layer, /tmp, /dev/shm)
+    // Size of the sandbox's one writable tmpfs, shared by the root's upper layer, /tmp, /dev/shm
+    // and the image's tmpfs entries (--tmpfs-size).
+    uint64_t tmpfs_size_bytes = kDefaultWritableBytes;
 
     std::optional<double> timeout_seconds;
     ResourceLimits limits;
@@ -104,8 +112,10 @@ struct SandboxConfig {
     // "default", "strict" (built in), "none", or the path of a profile in Docker's JSON format.
     std::string seccomp_profile = "default";
 
-    // Cap on the bytes of stdout and of stderr that reach the caller; the rest is discarded.
-    std::optional<uint64_t> output_limit_bytes;
+    // Cap on the bytes of stdout and of stderr that reach the caller; the rest is discarded while
+    // the payload runs on. nullopt: unlimited. Output to a terminal is never capped (a terminal
+    // holds nothing for its reader). sqbox serve keeps its own defaults per request kind.
+    std::optional<uint64_t> output_limit_bytes = kDefaultOutputLimit;
     // Give the payload a terminal of the sandbox's own (the caller's stdin must be a terminal).
     bool tty = false;
 

@@ -545,6 +545,8 @@ int enroot_start(const std::vector<std::string>& args, EnrootSettings settings) 
     config.login_shell = settings.login_shell;
     config.map_root = settings.remap_root;
     config.read_only_root = !settings.rootfs_writable;
+    config.output_limit_bytes = settings.output_limit;
+    config.tmpfs_size_bytes = settings.writable_bytes;
     config.outside_uid = ::geteuid();
     config.outside_gid = ::getegid();
     config.substitution_environment = caller_environment();

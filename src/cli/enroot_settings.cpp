@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <regex>
 
+#include "config/config_validation.h"
 #include "util/errors.h"
 #include "util/user_directories.h"
 
@@ -55,6 +56,12 @@ EnrootSettings load_enroot_settings() {
     settings.remap_root = flag_or("ENROOT_REMAP_ROOT", false);
     settings.login_shell = flag_or("ENROOT_LOGIN_SHELL", true);
     settings.force_override = flag_or("ENROOT_FORCE_OVERRIDE", false);
+    if (const char* limit = std::getenv("SQBOX_OUTPUT_LIMIT"); limit != nullptr && *limit != 0) {
+        settings.output_limit = validate::output_limit_or_unlimited(limit, "SQBOX_OUTPUT_LIMIT");
+    }
+    if (const char* size = std::getenv("SQBOX_TMPFS_SIZE"); size != nullptr && *size != 0) {
+        settings.writable_bytes = validate::tmpfs_size(size, "SQBOX_TMPFS_SIZE");
+    }
     return settings;
 }
 

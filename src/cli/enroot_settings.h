@@ -2,8 +2,12 @@
 // defaults and its rule for yes/no values.
 #pragma once
 
+#include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
+
+#include "sqbox/config.h"
 
 namespace sqbox::cli {
 
@@ -14,6 +18,10 @@ struct EnrootSettings {
     bool remap_root = false;       // ENROOT_REMAP_ROOT (start --root)
     bool login_shell = true;       // ENROOT_LOGIN_SHELL
     bool force_override = false;   // ENROOT_FORCE_OVERRIDE (create/remove/export --force)
+    // sqbox's own, for harnesses that cannot pass options through enroot's command line:
+    // SQBOX_OUTPUT_LIMIT (sqbox run --output-limit) and SQBOX_TMPFS_SIZE (--tmpfs-size).
+    std::optional<uint64_t> output_limit = kDefaultOutputLimit;
+    uint64_t writable_bytes = kDefaultWritableBytes;
 
     // Applies `#ENROOT_NAME=value` directives (of a configuration script) on top.
     void apply(const std::map<std::string, std::string>& directives);

@@ -42,7 +42,8 @@ CLI::App* add_run_subcommand(CLI::App& app, RunArguments& args) {
     run->add_flag("--root", args.map_root, "appear as root (uid 0) inside, as enroot --root");
     run->add_flag("--read-only", args.read_only, "read-only root filesystem (writable /tmp)");
     run->add_option("--tmpfs-size", args.tmpfs_size,
-                    "cap of each writable tmpfs: root layer, /tmp, /dev/shm (default 1G)")
+                    "the sandbox's writable space: root layer, /tmp and /dev/shm together "
+                    "(one tmpfs; default 1G)")
         ->type_name("SIZE");
     run->add_option("--timeout", args.timeout, "wall-clock limit; exit 124 when exceeded")
         ->type_name("SECONDS");
@@ -69,7 +70,8 @@ CLI::App* add_run_subcommand(CLI::App& app, RunArguments& args) {
         ->type_name("PROFILE")
         ->capture_default_str();
     run->add_option("--output-limit", args.output_limit,
-                    "cap on the bytes of stdout and of stderr passed on (the rest is discarded)")
+                    "cap on the bytes of stdout and of stderr passed on to a caller that is not a "
+                    "terminal; the rest is discarded (default 16M; or unlimited)")
         ->type_name("BYTES");
     run->add_option("--json", args.json, "write a JSON result record to FILE")->type_name("FILE");
     run->add_flag("-t,--tty", args.tty,
@@ -170,7 +172,8 @@ RunOptions build_run_options(const RunArguments& args) {
     if (!args.cgroup.empty()) config.cgroup_parent = validate::host_path(args.cgroup, "--cgroup");
     config.seccomp_profile = validate::seccomp_profile(args.seccomp, "--seccomp");
     if (!args.output_limit.empty()) {
-        config.output_limit_bytes = validate::output_limit(args.output_limit, "--output-limit");
+        config.output_limit_bytes =
+            validate::output_limit_or_unlimited(args.output_limit, "--output-limit");
     }
     config.outside_uid = ::geteuid();
     config.outside_gid = ::getegid();

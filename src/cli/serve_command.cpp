@@ -33,7 +33,10 @@ CLI::App* add_serve_subcommand(CLI::App& app, ServeArguments& args) {
         ->type_name("N");
     serve->add_option("-e,--env", args.env, "set KEY=VAL in every sandbox")->type_name("KEY=VAL");
     serve->add_flag("--root", args.map_root, "appear as root (uid 0) inside every sandbox");
-    serve->add_option("--tmpfs-size", args.tmpfs_size, "cap of each writable tmpfs (default 1G)")
+    serve
+        ->add_option(
+            "--tmpfs-size", args.tmpfs_size,
+            "writable space of a sandbox: root layer, /tmp and /dev/shm together (default 1G)")
         ->type_name("SIZE");
     serve->add_option("--memory", args.memory, "default memory limit of a sandbox (default 4G)")
         ->type_name("SIZE");
@@ -68,6 +71,9 @@ int execute_serve(const ServeArguments& args) {
     ServeOptions options;
     options.base = build_run_options(run).config;
     options.base.command.clear();
+    // The server holds what it captures, and a request's kind decides how much (jobs.h,
+    // session_state.h), unless the request says.
+    options.base.output_limit_bytes.reset();
     options.max_parallel = args.max_parallel;
     options.pool = args.pool;
     if (!args.socket.empty()) {

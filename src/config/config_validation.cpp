@@ -107,6 +107,12 @@ uint64_t output_limit(const std::string& text, const std::string& option) {
     return parse_size(text, option, true);
 }
 
+std::optional<uint64_t> output_limit_or_unlimited(const std::string& text,
+                                                  const std::string& option) {
+    if (text == kUnlimited) return std::nullopt;
+    return output_limit(text, option);
+}
+
 double timeout_seconds(const std::string& text, const std::string& option) {
     return parse_seconds(text, option);
 }

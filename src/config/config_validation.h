@@ -54,6 +54,10 @@ double cpu_share(const std::string& text, const std::string& option);
 uint64_t tmpfs_size(const std::string& text, const std::string& option);
 // Zero is allowed: the payload's output is discarded.
 uint64_t output_limit(const std::string& text, const std::string& option);
+// The same, or "unlimited" (nullopt): for a caller that takes the output itself (sqbox run, the
+// enroot front end), not for sqbox serve, which holds a request's output until it answers.
+std::optional<uint64_t> output_limit_or_unlimited(const std::string& text,
+                                                  const std::string& option);
 // Positive seconds, at most a week (a "s" suffix is allowed).
 double timeout_seconds(const std::string& text, const std::string& option);
 

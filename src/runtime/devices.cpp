@@ -27,7 +27,7 @@ constexpr DevLink kLinks[] = {
 
 }  // namespace
 
-void mount_devices(int root_fd, bool create_mount_point, uint64_t shm_size_bytes) {
+void mount_devices(int root_fd, bool create_mount_point, const std::string& shm_source) {
     UniqueFd mount_point =
         resolve_in_root(root_fd, "/dev", EntryKind::kDirectory, create_mount_point, "/dev");
     UniqueFd dev_fs = create_filesystem("tmpfs", {{"mode", "0755"}, {"size", "64k"}},
@@ -61,9 +61,9 @@ void mount_devices(int root_fd, bool create_mount_point, uint64_t shm_size_bytes
     UniqueFd pts = create_filesystem("devpts", {{"ptmxmode", "0666"}, {"mode", "0620"}},
                                      MountAttr::kNoSuid | MountAttr::kNoExec, "/dev/pts (devpts)");
     attach_mount(pts.get(), pts_dir.get(), "/dev/pts");
-    UniqueFd shm = create_filesystem("tmpfs", writable_tmpfs_options(shm_size_bytes, "1777"),
-                                     MountAttr::kNoSuid | MountAttr::kNoDev | MountAttr::kNoExec,
-                                     "/dev/shm (tmpfs)");
+    UniqueFd shm = clone_mount_tree(AT_FDCWD, shm_source, false, "/dev/shm");
+    set_mount_attributes(shm.get(), MountAttr::kNoSuid | MountAttr::kNoDev | MountAttr::kNoExec, 0,
+                         false, "/dev/shm");
     attach_mount(shm.get(), shm_dir.get(), "/dev/shm");
 
     for (const auto& link : kLinks) {

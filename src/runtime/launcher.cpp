@@ -41,8 +41,9 @@ std::optional<double> as_number(const std::optional<uint64_t>& value) {
 
 // Which mechanism holds each limit. RLIMIT_NPROC counts per user, and the kernel exempts the
 // host's root user from it: a root caller without a cgroup has no process limit at all.
-std::vector<AppliedLimit> describe_limits(const ResourceLimits& limits,
+std::vector<AppliedLimit> describe_limits(const SandboxConfig& config,
                                           const SandboxCgroup* cgroup) {
+    const ResourceLimits& limits = config.limits;
     auto by = [&](bool in_cgroup, bool set, const char* fallback) -> std::string {
         if (!set) return "none";
         if (cgroup != nullptr && in_cgroup) return cgroup->mechanism();
@@ -63,6 +64,10 @@ std::vector<AppliedLimit> describe_limits(const ResourceLimits& limits,
          by(false, limits.file_size_bytes.has_value(), "rlimit")},
         {"open_files", as_number(limits.open_files),
          by(false, limits.open_files.has_value(), "rlimit")},
+        // Each stream's cap, where it goes to neither a terminal nor /dev/null.
+        {"output", as_number(config.output_limit_bytes),
+         config.output_limit_bytes ? "sqbox" : "none"},
+        {"writable", static_cast<double>(config.tmpfs_size_bytes), "tmpfs"},
     };
 }
 
@@ -111,7 +116,7 @@ SandboxPlan plan_run(const SandboxConfig& config, const SandboxCgroup* cgroup) {
                         ? "landlock: applied (ABI " + std::to_string(plan.landlock_abi) +
                               "): the payload can reach only files beneath the sandbox's root"
                         : std::string("landlock: not applied (this kernel has no Landlock)"));
-        for (const auto& limit : describe_limits(config.limits, cgroup)) {
+        for (const auto& limit : describe_limits(config, cgroup)) {
             if (limit.value) {
                 char value[32];
                 (void)std::snprintf(value, sizeof value, "%.15g", *limit.value);
@@ -233,8 +238,16 @@ RunResult result_of(const Supervision& supervision, const StdioRelay& relay,
     fill_result(*supervision.report, result);
     result.stdout_truncated = relay.stdout_truncated();
     result.stderr_truncated = relay.stderr_truncated();
-    result.limits = describe_limits(config.limits, cgroup);
+    result.limits = describe_limits(config, cgroup);
     result.landlock_abi = plan.landlock_abi;
+    if (result.stdout_truncated || result.stderr_truncated) {
+        const char* streams = !result.stderr_truncated   ? "stdout"
+                              : !result.stdout_truncated ? "stderr"
+                                                         : "stdout and stderr";
+        print_error(std::string("output truncated: ") + streams + " passed --output-limit (" +
+                    std::to_string(config.output_limit_bytes.value_or(0)) +
+                    " bytes); the rest was discarded");
+    }
     if (oom_killed) {
         result.oom_killed = true;
         print_error(

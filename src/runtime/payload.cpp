@@ -93,6 +93,16 @@ void enter_payload_environment(const SandboxConfig& config) {
     }
 }
 
+void prefer_payload_for_oom_kill() {
+    // Best effort: a profile from a file may refuse the write, and the kernel may lack the file;
+    // the memory limit holds either way, only the choice of victim is left to the kernel.
+    const int fd = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    const std::string value = std::to_string(kPayloadOomScoreAdj);
+    (void)!::write(fd, value.data(), value.size());
+    (void)::close(fd);
+}
+
 void close_descriptors_at_exec(int kept) {
     auto mark = [](unsigned first, unsigned last) {
         if (first <= last && ::syscall(SYS_close_range, first, last, CLOSE_RANGE_CLOEXEC) != 0) {

@@ -52,6 +52,15 @@ void wait_until_root_ready(UniqueFd ready);
 // In the final root: the environment (build_payload_environment) and the working directory.
 void enter_payload_environment(const SandboxConfig& config);
 
+// The payload's oom_score_adj (inherited by everything it starts; it may raise it, and lower it
+// only back to its parents'). The sandbox's tmpfs pages belong to no process, so when they fill
+// its memory limit the OOM killer picks by process size alone, and sqbox's init (larger than a
+// small payload) would be chosen, ending the run as a failure of sqbox. Half the limit added to
+// every payload process's score makes them chosen first, and on a host out of memory, the
+// untrusted payload goes before the host's own processes.
+inline constexpr int kPayloadOomScoreAdj = 500;
+void prefer_payload_for_oom_kill();
+
 // Every descriptor but stdio (and `kept`, the enroot rc script's, when it is one) closes at exec,
 // whoever opened it (including anything the caller leaked into sqbox).
 void close_descriptors_at_exec(int kept);

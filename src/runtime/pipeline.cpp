@@ -258,9 +258,10 @@ void run_payload(PayloadContext context) {
         // 6. The root is ready (at once for a payload started late).
         wait_until_root_ready(std::move(context.ready));
         if (early_failure) throw Error(*early_failure);
-        // 7. In the final root: the environment (the image's /etc/environment, --env) and the
-        //    working directory.
+        // 7. In the final root: the environment (the image's /etc/environment, --env), the
+        //    working directory, and the OOM killer's preference for the payload over init.
         enter_payload_environment(config);
+        prefer_payload_for_oom_kill();
         // 8. Landlock: only files beneath the sandbox's root.
         if (plan.landlock_abi > 0) apply_landlock(plan.landlock_abi);
         // 9. Only stdio (and the rc script's descriptor) survive exec.

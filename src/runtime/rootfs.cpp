@@ -98,6 +98,16 @@ void bind_read_only_image(const std::string& target) {
     attach_mount_at(tree.get(), target, "read-only root");
 }
 
+// A directory of the sandbox's tmpfs, bound at `path`: what is written there takes from the
+// sandbox's one writable budget.
+void bind_writable_area(int root_fd, const char* area, const std::string& path, uint64_t attributes,
+                        bool create) {
+    UniqueFd target = resolve_in_root(root_fd, path, EntryKind::kDirectory, create, path);
+    UniqueFd tree = clone_mount_tree(AT_FDCWD, writable_area(area), false, path);
+    set_mount_attributes(tree.get(), attributes, 0, false, path);
+    attach_mount(tree.get(), target.get(), path);
+}
+
 void mount_fresh(int root_fd, const std::string& path, const char* fstype,
                  const MountOptions& options, uint64_t attributes, bool create) {
     UniqueFd target = resolve_in_root(root_fd, path, EntryKind::kDirectory, create, path);
@@ -240,13 +250,22 @@ bool seed_upper_etc(int upper_fd, const std::string& lower_etc,
 PreparedRoot mount_layers(const SandboxConfig& config,
                           const std::vector<GeneratedFile>& etc_files) {
     bool etc_seeded = false;
-    // Everything writable for this sandbox lives in one size-capped tmpfs.
+    // Everything writable for this sandbox lives in one size-capped tmpfs: the root's upper
+    // layer, /tmp and /dev/shm are directories of it, so their sum is bounded by one budget
+    // (and its pages are charged to the memory cgroup of whoever writes them: the sandbox's).
     UniqueFd sandbox_fs =
         create_filesystem("tmpfs", writable_tmpfs_options(config.tmpfs_size_bytes, "0755"),
                           MountAttr::kNoSuid | MountAttr::kNoDev, "sandbox tmpfs");
     for (const char* dir : {"upper", "work", "root"}) {
         if (::mkdirat(sandbox_fs.get(), dir, 0755) != 0) {
             throw system_error(std::string("cannot create sandbox directory ") + dir);
+        }
+    }
+    for (const char* area : {kTmpArea, kShmArea}) {
+        // Modes as a fresh tmpfs would get them: the umask does not apply to fchmodat.
+        if (::mkdirat(sandbox_fs.get(), area, 0700) != 0 ||
+            ::fchmodat(sandbox_fs.get(), area, 01777, 0) != 0) {
+            throw system_error(std::string("cannot create sandbox directory ") + area);
         }
     }
     if (!etc_files.empty() && config.persistent_layer.empty()) {
@@ -393,9 +412,8 @@ PreparedRoot assemble_rootfs(const SandboxConfig& config) {
         // which may mount over any of them.
         std::future<void> proc_locked =
             start_aside([&config, root] { lock_down_proc(root, config); });
-        mount_devices(root, create, config.tmpfs_size_bytes);
-        mount_fresh(root, "/tmp", "tmpfs", writable_tmpfs_options(config.tmpfs_size_bytes, "1777"),
-                    MountAttr::kNoSuid | MountAttr::kNoDev, create);
+        mount_devices(root, create, writable_area(kShmArea));
+        bind_writable_area(root, kTmpArea, "/tmp", MountAttr::kNoSuid | MountAttr::kNoDev, create);
         if (!prepared.etc_seeded) install_etc_files(root, prepared.writable, persistent, etc_files);
         proc_locked.get();
     }

@@ -17,6 +17,12 @@ namespace sqbox {
 inline constexpr const char* kOldRootDir = "/oldroot";  // host root, inside the scratch root
 inline constexpr const char* kImageDir = "/image";      // the image, read-only
 inline constexpr const char* kSandboxDir = "/sandbox";  // per-sandbox tmpfs: upper layer, staging
+// Directories of that tmpfs that the sandbox sees as /tmp and /dev/shm (one writable budget).
+inline constexpr const char* kTmpArea = "tmp";
+inline constexpr const char* kShmArea = "shm";
+inline std::string writable_area(const char* area) {
+    return std::string(kSandboxDir) + "/" + area;
+}
 // The image's unpacked files (warm_up/unpacked_files.h), when there are any: a layer above /image.
 // Named as before the words settled ("hot files"): sandboxes see it in their mount table, as the
 // overlay's lowerdir.

@@ -2,6 +2,8 @@
 
 #include <fcntl.h>
 #include <limits.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +18,20 @@ namespace {
 
 constexpr size_t kReadChunk = size_t{64} * 1024;
 
+// /dev/null holds nothing for anyone: output to it needs no relay to be capped.
+bool is_null_device(int fd) {
+    struct stat st {};
+    return ::fstat(fd, &st) == 0 && S_ISCHR(st.st_mode) && st.st_rdev == makedev(1, 3);
+}
+
+// The cap bounds what a caller that keeps the output may have to hold. A terminal keeps nothing
+// for its reader (its scrollback is its own bound), and an interactive session's output should
+// not stop appearing after a while: output to a terminal, or to /dev/null, is not capped.
+std::optional<uint64_t> cap_for(int fd, std::optional<uint64_t> output_limit) {
+    if (!output_limit || ::isatty(fd) == 1 || is_null_device(fd)) return std::nullopt;
+    return output_limit;
+}
+
 }  // namespace
 
 void StdioRelay::Channel::close_source() {
@@ -24,8 +40,8 @@ void StdioRelay::Channel::close_source() {
 }
 
 StdioRelay::StdioRelay(std::optional<uint64_t> output_limit, bool tty, int channel_fd) {
-    output_.limit = output_limit;
-    error_.limit = output_limit;
+    output_.limit = cap_for(STDOUT_FILENO, output_limit);
+    error_.limit = cap_for(STDERR_FILENO, output_limit);
     output_.sink = STDOUT_FILENO;
     error_.sink = STDERR_FILENO;
     if (tty) {
@@ -35,8 +51,8 @@ StdioRelay::StdioRelay(std::optional<uint64_t> output_limit, bool tty, int chann
         return;
     }
     for (int fd = 0; fd < 3; ++fd) {
-        const bool output = fd != STDIN_FILENO;
-        if (::isatty(fd) != 1 && !(output && output_limit)) continue;
+        const bool capped = fd != STDIN_FILENO && (fd == STDOUT_FILENO ? output_ : error_).limit;
+        if (::isatty(fd) != 1 && !capped) continue;
         Pipe pipe = make_pipe("stdio relay");
         if (fd == STDIN_FILENO) {
             sandbox_ends_[fd] = std::move(pipe.read_end);
@@ -50,6 +66,7 @@ StdioRelay::StdioRelay(std::optional<uint64_t> output_limit, bool tty, int chann
             sandbox_ends_[fd] = std::move(pipe.write_end);
             channel.owned_source = std::move(pipe.read_end);
             channel.source = channel.owned_source.get();
+            channel.source_is_our_pipe = true;
         }
         active_ = true;
     }
@@ -148,6 +165,7 @@ void StdioRelay::flush(Channel& channel) {
     if (n < 0) {  // the reader is gone (EPIPE) or broken: drop this stream's data from now on
         channel.sink_alive = false;
         channel.buffer.clear();
+        if (channel.source_is_our_pipe) channel.close_source();
         return;
     }
     channel.buffer.erase(0, static_cast<size_t>(n));

@@ -1,8 +1,10 @@
 // The payload's stdio, when it cannot simply inherit the caller's: a terminal is never handed
 // to the payload (it could inject input or change the caller's terminal settings), and
-// --output-limit needs sqbox to count what passes. Such streams become pipes that the launcher
-// copies; the others are inherited unchanged (no copy, no cost). With --tty the payload gets a
-// terminal of the sandbox's own (see terminal.h) and the relay copies between it and the caller's.
+// --output-limit (on by default) needs sqbox to count what passes to a caller that is not a
+// terminal: past the cap the relay reads on and discards, so the payload runs on undisturbed. Such
+// streams become pipes that the launcher copies; the others are inherited unchanged (no copy, no
+// cost). With --tty the payload gets a terminal of the sandbox's own (see terminal.h) and the relay
+// copies between it and the caller's.
 //
 // The copying never blocks the launcher: each direction keeps a buffer, reads only when it is
 // empty and writes only when poll() says the other side has room, so signals are always handled
@@ -62,7 +64,11 @@ class StdioRelay {
         UniqueFd owned_sink;
         std::string buffer;
         bool sink_nonblocking = false;  // our own end (else the caller's, maybe blocking)
-        bool sink_alive = true;         // false after a write error: the rest is read and dropped
+        // false after a write error: the rest is dropped. A pipe of our own is then closed, so
+        // the payload's writes fail (SIGPIPE, EPIPE) as they would on the caller's descriptor:
+        // `sqbox run IMAGE yes | head -1` ends. A terminal's output is read on and dropped.
+        bool sink_alive = true;
+        bool source_is_our_pipe = false;
         std::optional<uint64_t> limit;
         uint64_t passed = 0;
         bool truncated = false;

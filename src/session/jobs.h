@@ -18,13 +18,15 @@
 #include "session/protocol_lines.h"
 #include "session/request_config.h"
 #include "session/server.h"
+#include "sqbox/config.h"
 #include "util/fd_passing.h"
 #include "util/unique_fd.h"
 
 namespace sqbox {
 
 // What a `run` keeps of each output stream when the request sets no output_limit.
-inline constexpr uint64_t kDefaultRunOutputLimit = 16ULL * 1024 * 1024;
+// The same as sqbox run's default.
+inline constexpr uint64_t kDefaultRunOutputLimit = kDefaultOutputLimit;
 
 // One output stream of a sandbox, kept up to a limit.
 struct Capture {

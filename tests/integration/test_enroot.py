@@ -237,6 +237,32 @@ def test_starting_an_image_directly_is_ephemeral(enroot, busybox_image):
     assert enroot.store_entries() in ([], [".sqbox-store.lock"])
 
 
+def test_start_caps_output_and_writes_as_sqbox_run_does(enroot, busybox_image):
+    """A harness that captures `enroot start` output gets at most 16 MiB of each stream; the
+    container's /tmp, /dev/shm and root share one writable budget. SQBOX_OUTPUT_LIMIT and
+    SQBOX_TMPFS_SIZE change them, since enroot's command line has no place for them."""
+    twenty = "head -c 20971520 /dev/zero | tr '\\0' o"
+    capped = enroot("start", busybox_image, "sh", "-c", twenty)
+    assert capped.returncode == 0
+    assert capped.stdout == "o" * (16 << 20)
+    assert capped.stderr == ("sqbox: output truncated: stdout passed --output-limit "
+                             "(16777216 bytes); the rest was discarded\n")
+    lifted = enroot("start", busybox_image, "sh", "-c", twenty,
+                    env={"SQBOX_OUTPUT_LIMIT": "unlimited"})
+    assert len(lifted.stdout) == 20 << 20 and lifted.stderr == ""
+    small = enroot("start", busybox_image, "sh", "-c", "echo 1234567890",
+                   env={"SQBOX_OUTPUT_LIMIT": "4"})
+    assert small.stdout == "1234"
+    fill = ("dd if=/dev/zero of=/tmp/a bs=1M count=12 2>/dev/null; "
+            "dd if=/dev/zero of=/dev/shm/b bs=1M count=12 2>&1 | grep -o 'No space left'")
+    shared = enroot("start", busybox_image, "sh", "-c", fill, env={"SQBOX_TMPFS_SIZE": "16M"})
+    assert shared.stdout == "No space left\n", shared
+    bad = enroot("start", busybox_image, "true", env={"SQBOX_OUTPUT_LIMIT": "lots"})
+    assert bad.returncode == 1
+    assert bad.stderr == ("[ERROR] invalid value 'lots' for SQBOX_OUTPUT_LIMIT: expected a size "
+                          "such as 4096, 64k, 512M or 1G\n")
+
+
 def test_root_option_and_env_option(enroot, busybox_image):
     as_root = enroot("start", "--root", busybox_image, "id", "-u")
     assert as_root.stdout == "0\n"

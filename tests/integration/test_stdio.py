@@ -14,7 +14,9 @@ def test_output_limit_caps_each_stream_and_is_reported(sqbox, busybox_image, tmp
                        options=["--output-limit", "1000", "--json", str(record)])
     assert result.returncode == 7
     assert result.stdout == "o" * 1000
-    assert result.stderr == "e" * 1000
+    assert result.stderr == "e" * 1000 + (
+        "sqbox: output truncated: stdout and stderr passed --output-limit (1000 bytes); "
+        "the rest was discarded\n")
     data = json.loads(record.read_text())
     assert data["stdout_truncated"] is True
     assert data["stderr_truncated"] is True
@@ -35,7 +37,89 @@ def test_sqbox_messages_are_not_counted_against_the_limit(sqbox, busybox_image):
     result = sqbox.run(busybox_image, "sh", "-c", "head -c 5000 /dev/zero >&2; sleep 30",
                        options=["--output-limit", "10", "--timeout", "1"])
     assert result.returncode == 124
-    assert result.stderr == "\0" * 10 + "sqbox: timed out after 1 s; sandbox killed\n"
+    assert result.stderr == ("\0" * 10 + "sqbox: timed out after 1 s; sandbox killed\n"
+                             "sqbox: output truncated: stderr passed --output-limit (10 bytes); "
+                             "the rest was discarded\n")
+
+
+def test_output_is_capped_at_16_mib_by_default_and_unlimited_lifts_it(sqbox, busybox_image,
+                                                                       tmp_path):
+    record = tmp_path / "r.json"
+    twenty = "head -c 20971520 /dev/zero"
+    capped = sqbox.run(busybox_image, "sh", "-c", f"{twenty}; {twenty} >&2; exit 3",
+                       options=["--json", str(record)], text=False)
+    assert capped.returncode == 3
+    assert capped.stdout == b"\0" * (16 << 20)
+    assert capped.stderr == b"\0" * (16 << 20) + (
+        b"sqbox: output truncated: stdout and stderr passed --output-limit (16777216 bytes); "
+        b"the rest was discarded\n")
+    data = json.loads(record.read_text())
+    assert data["stdout_truncated"] is True and data["stderr_truncated"] is True
+    assert data["limits"]["output"] == {"value": 16 << 20, "enforced_by": "sqbox"}
+
+    lifted = sqbox.run(busybox_image, "sh", "-c", twenty,
+                       options=["--output-limit", "unlimited", "--json", str(record)], text=False)
+    assert lifted.returncode == 0 and lifted.stderr == b""
+    assert len(lifted.stdout) == 20 << 20
+    data = json.loads(record.read_text())
+    assert data["truncated"] is False
+    assert data["limits"]["output"] == {"value": None, "enforced_by": "none"}
+
+
+def test_a_reader_that_goes_away_ends_the_writer_as_outside(sqbox_bin, busybox_image):
+    """Relayed output behaves as the caller's own pipe would: once the reader is gone the
+    payload's writes fail and `yes | head -c 10` ends with SIGPIPE, not at the timeout."""
+    process = subprocess.Popen([sqbox_bin, "run", "--timeout", "60", busybox_image, "--", "yes"],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    assert process.stdout.read(10) == b"y\n" * 5
+    process.stdout.close()
+    assert process.wait(timeout=30) == 128 + 13
+    assert process.stderr.read() == b""
+
+
+def test_output_to_dev_null_is_not_relayed(sqbox_bin, busybox_image):
+    """Nothing holds what goes to /dev/null: the payload gets it as it is, no relay."""
+    result = subprocess.run([sqbox_bin, "run", busybox_image, "--", "sh", "-c",
+                             "readlink /proc/self/fd/1 >&2"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            timeout=60)
+    assert result.returncode == 0
+    assert result.stderr.startswith("pipe:")  # stderr is captured: relayed to be capped
+    result = subprocess.run([sqbox_bin, "run", busybox_image, "--", "sh", "-c",
+                             "readlink /proc/self/fd/2 >&1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            timeout=60)
+    assert result.stdout == "/dev/null\n"
+
+
+def test_output_to_a_terminal_is_not_capped(sqbox_bin, busybox_image):
+    """A terminal holds nothing for its reader: an interactive session's output never stops
+    appearing, even with an explicit --output-limit."""
+    master, slave = os.openpty()
+    try:
+        process = subprocess.Popen(
+            [sqbox_bin, "run", "--output-limit", "100", busybox_image, "--", "sh", "-c",
+             "head -c 5000 /dev/zero | tr '\\0' x; echo; echo end"],
+            stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, close_fds=True)
+        os.close(slave)
+        slave = -1
+        output = b""
+        deadline = time.monotonic() + 30
+        while b"end" not in output and time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 1)
+            if ready:
+                try:
+                    output += os.read(master, 65536)
+                except OSError:
+                    break
+        assert process.wait(timeout=30) == 0
+    finally:
+        os.close(master)
+        if slave >= 0:
+            os.close(slave)
+    assert output.count(b"x") == 5000, output[-200:]
+    assert b"truncated" not in output
 
 
 def test_the_callers_terminal_is_relayed_not_handed_over(sqbox_bin, busybox_image):

@@ -151,8 +151,9 @@ def _free_bytes(path):
 
 
 def test_disk_fill_stops_at_the_tmpfs_cap(box, marker):
-    """/tmp, the overlay root's upper layer and /dev/shm each fill to their cap (32 MiB here) and
-    end with ENOSPC; the host's disk does not pay for it."""
+    """/tmp, the overlay root's upper layer and /dev/shm, filled in turn (each emptied before the
+    next), each fill to the sandbox's one budget (32 MiB here) and end with ENOSPC; the host's
+    disk does not pay for it."""
     watched = ["/", "/tmp", "/dev/shm"]
     before = {path: _free_bytes(path) for path in watched}
     result, res = box.py_results("""
@@ -174,11 +175,119 @@ def test_disk_fill_stops_at_the_tmpfs_cap(box, marker):
     for area in ("tmp", "root", "shm"):
         error, written = res[area]
         assert error == "ENOSPC", (area, res)
-        assert written <= 32 * MiB, (area, res)
+        assert 16 * MiB <= written <= 32 * MiB, (area, res)
     for path in watched:
         # the three fills total 96 MiB; allow for unrelated activity on the host
         assert before[path] - _free_bytes(path) < 48 * MiB, path
     assert not os.path.exists(f"/tmp/{marker}")
+
+
+def test_root_tmp_and_shm_share_one_budget(box):
+    """Filled together (nothing removed), the root's writable layer, /tmp, /dev/shm and a file
+    copied up from the image hold no more than the one budget between them: each fill ends with
+    ENOSPC, and the sum stays within --tmpfs-size (32 MiB)."""
+    _, res = box.py_results("""
+        block = b"x" * (1 << 20)
+        files = []
+        for area, path in (("tmp", "/tmp/fill"), ("shm", "/dev/shm/fill"), ("root", "/fill"),
+                           ("tmp2", "/tmp/fill2")):
+            f = open(path, "wb")
+            files.append(f)
+            written = 0
+            try:
+                while written < (24 << 20):
+                    written += f.write(block)
+                    f.flush()
+            except OSError as e:
+                RESULTS[area] = [ename(e.errno), written]
+            else:
+                RESULTS[area] = ["ok", written]
+        # A copy-up of an image file takes from the same budget: none is left.
+        try:
+            with open("/etc/os-release", "a") as f:
+                f.write("x")
+            RESULTS["copy_up"] = "ok"
+        except OSError as e:
+            RESULTS["copy_up"] = ename(e.errno)
+        sizes = {os.statvfs(p).f_blocks * os.statvfs(p).f_frsize for p in ("/", "/tmp", "/dev/shm")}
+        finish(sizes=sorted(sizes))
+    """, options=["--tmpfs-size", "32M"])
+    total = sum(written for _, written in (res[a] for a in ("tmp", "shm", "root", "tmp2")))
+    assert res["tmp"] == ["ok", 24 * MiB], res
+    for area in ("shm", "root", "tmp2"):
+        assert res[area][0] == "ENOSPC", (area, res)
+    assert 24 * MiB < total <= 32 * MiB, res
+    assert res["copy_up"] == "ENOSPC", res
+    assert res["sizes"] == [32 * MiB], res
+
+
+def test_tmpfs_writes_count_against_the_memory_cgroup(box, tmp_path):
+    """With a cgroup, the sandbox's tmpfs pages are charged to it: a budget larger than --memory
+    still cannot hold more than the memory limit. The writer is what the OOM killer ends (not
+    sqbox's init: the run ends normally, with oom_killed in the record)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    os.chmod(out, 0o777)
+    record = tmp_path / "r.json"
+    result = box.sh("""
+        for area in /tmp /dev/shm /; do
+            i=0
+            while dd if=/dev/zero of=$area/fill$i bs=1M count=1 2>/dev/null; do
+                i=$((i + 1)); echo $i > /out/$(echo $area | tr / _)
+                [ $i -lt 512 ] || break
+            done
+            rm -f $area/fill*
+        done
+        echo survived
+    """, options=["--memory", "64M", "--tmpfs-size", "1G", "--mount", f"{out}:/out",
+                  "--json", str(record)])
+    data = json.loads(record.read_text())
+    if data["limits"]["memory"]["enforced_by"] not in ("cgroup-v2", "cgroup-v1"):
+        pytest.skip("needs a cgroup memory controller (root, or --cgroup with a delegated cgroup "
+                    "v2): without one, only the tmpfs budget bounds tmpfs writes")
+    written = {name: int((out / name).read_text()) for name in ("_tmp", "_dev_shm", "_")}
+    for name, mib in written.items():
+        assert 0 < mib < 64, (name, written, result.stderr)
+    assert data["oom_killed"] is True, data
+    assert result.returncode == 0 and result.stdout.endswith("survived\n"), result
+
+
+def test_an_endless_print_loop_reaches_a_capturing_harness_bounded(box, tmp_path):
+    """A harness that captures output (subprocess.run with stdout=PIPE) of a payload printing in
+    an endless loop gets 16 MiB of each stream by default, a line saying so and the record's
+    flags; the payload runs on (its output discarded) until the timeout ends it."""
+    out = tmp_path / "out"
+    out.mkdir()
+    os.chmod(out, 0o777)
+    record = tmp_path / "r.json"
+    script = (
+        "import sys\n"
+        "line = 'x' * 1023 + '\\n'\n"
+        "written = 0\n"
+        "while True:\n"
+        "    print(line, end='')\n"
+        "    print(line, end='', file=sys.stderr)\n"
+        "    written += 1024\n"
+        "    if written % (1 << 22) == 0:\n"
+        "        open('/out/written', 'w').write(str(written))\n")
+    start = time.monotonic()
+    result = subprocess.run(
+        box.argv(box.python_image, ["python3", "-c", script, box.marker],
+                 ["--timeout", "5", "--mount", f"{out}:/out", "--json", str(record)]),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+    assert time.monotonic() - start < 60
+    assert result.returncode == 124, result.stderr[-300:]
+    assert len(result.stdout) == 16 * MiB
+    assert result.stdout == (b"x" * 1023 + b"\n") * (16 * 1024)
+    payload_err, _, notes = result.stderr.partition(b"sqbox:")
+    assert payload_err == (b"x" * 1023 + b"\n") * (16 * 1024)
+    assert (b"sqbox: output truncated: stdout and stderr passed --output-limit (16777216 bytes)"
+            in result.stderr), result.stderr[-300:]
+    data = json.loads(record.read_text())
+    assert data["stdout_truncated"] is True and data["stderr_truncated"] is True, data
+    assert data["timed_out"] is True, data
+    # It kept running past the cap: more was written than passed.
+    assert int((out / "written").read_text()) > 16 * MiB
 
 
 def test_output_flood_is_capped(box, tmp_path):

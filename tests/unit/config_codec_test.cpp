@@ -98,7 +98,8 @@ TEST(ConfigCodec, OptionalsAreNullOrTheValue) {
     config.timeout_seconds = 1.5;
     const nlohmann::json json = config_to_json(config);
     EXPECT_EQ(json.at("timeout_seconds"), 1.5);
-    EXPECT_TRUE(json.at("output_limit_bytes").is_null());
+    EXPECT_EQ(json.at("output_limit_bytes"), kDefaultOutputLimit);
+    EXPECT_TRUE(json.at("rc_script").is_null());
     EXPECT_TRUE(json.at("limits").at("cpus").is_null());
     EXPECT_EQ(json.at("limits").at("memory_bytes"), 4 * kGiB);
 }

@@ -176,6 +176,22 @@ TEST(ConfigValidation, SyntaxOfEachFrontEnd) {
     EXPECT_THROW((void)cli::enroot_mount_option(dir + ":a/../b"), Error);
 }
 
+// `unlimited` output is for a caller that takes the output itself; sqbox serve holds a request's
+// output until it answers, so a request must name a size.
+TEST(ConfigValidation, UnlimitedOutputOnlyWhereTheCallerTakesIt) {
+    cli::RunArguments args = run_arguments();
+    Outcome by_default = run_outcome(args);
+    ASSERT_TRUE(std::holds_alternative<SandboxConfig>(by_default));
+    EXPECT_EQ(std::get<SandboxConfig>(by_default).output_limit_bytes, kDefaultOutputLimit);
+    args.output_limit = "unlimited";
+    Outcome lifted = run_outcome(args);
+    ASSERT_TRUE(std::holds_alternative<SandboxConfig>(lifted));
+    EXPECT_EQ(std::get<SandboxConfig>(lifted).output_limit_bytes, std::nullopt);
+    EXPECT_EQ(std::get<std::string>(serve_outcome({{"output_limit", "unlimited"}})),
+              "invalid value 'unlimited' for output_limit: expected a size such as 4096, 64k, "
+              "512M or 1G");
+}
+
 // ---- sizes, counts, limits, times, paths and names ----
 
 struct Setting {
