@@ -340,10 +340,10 @@ def _ns_pids(pid):
 
 
 @pytest.mark.parametrize("options", [[], ["--output-limit", "1M"], ["--learn-warm-up"]],
-                         ids=["plain", "relayed", "learning"])
+                         ids=["plain", "output-limit", "learning"])
 def test_sandbox_processes_hold_only_their_own_descriptors(box, options):
     """Each process owns its descriptors and closes what it hands on: init keeps its report,
-    lifeline and the payload's exec status (its own signalfd besides, and, when stdio is relayed, the copy of the
+    lifeline and the payload's exec status (its own signalfd besides, and the copy of the
     caller's stderr its own messages go to); the payload only stdio; the supervisor neither the
     learning run's record file nor the unpacked files' directory once the server and the bind
     have them, nor init's channel. A missed close would be a host descriptor in the sandbox."""
@@ -371,10 +371,10 @@ def test_sandbox_processes_hold_only_their_own_descriptors(box, options):
             proc.kill()
     assert set(payload_fds) <= {0, 1, 2}, payload_fds
     own = sorted(what for fd, what in init_fds.items() if fd > 2)
-    if "--output-limit" in options:
-        # sqbox's own messages go to the caller's stderr, not to the relayed stream
-        assert callers_stderr in own, (callers_stderr, init_fds)
-        own.remove(callers_stderr)
+    # Output is relayed (capped) by default: sqbox's own messages go to the caller's stderr, not
+    # to the relayed stream, through a copy init holds.
+    assert callers_stderr in own, (callers_stderr, init_fds)
+    own.remove(callers_stderr)
     # init's own signalfd, once it watches the payload, is no one else's
     own = [what for what in own if what != "anon_inode:[signalfd]"]
     assert len(own) == 3 and all(what.startswith("pipe:") for what in own), init_fds
