@@ -31,7 +31,9 @@ bool find_stored_extents(sqfs* fs, sqfs_inode* inode, uint64_t offset, uint64_t 
         bool compressed = true;
         uint32_t stored_size = 0;
         sqfs_data_header(blocks.header, &compressed, &stored_size);
-        if (compressed || stored_size == 0) return false;  // needs decoding, or a hole
+        if (compressed || stored_size == 0 || stored_size > block_size) {
+            return false;  // needs decoding, a hole, or not a block
+        }
         // A stored block holds its bytes as they are: a full block, or the file's last one.
         const uint64_t block_end = block_start + stored_size;
         if (block_end <= position || blocks.block + stored_size > image_end ||

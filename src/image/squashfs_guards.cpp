@@ -70,10 +70,21 @@ bool directory_ok(sqfs* fs, sqfs_inode* inode) {
     return true;
 }
 
+// A data block or fragment block claims at most a block's size (the 24 size bits would let it
+// claim 16 MiB, which the library would allocate and read).
+bool stored_size_ok(sqfs* fs, uint32_t header) {
+    bool compressed = false;
+    uint32_t size = 0;
+    sqfs_data_header(header, &compressed, &size);
+    return size <= fs->sb.block_size;
+}
+
 bool fragment_ok(sqfs* fs, sqfs_inode* inode) {
     const uint32_t fragment = inode->xtra.reg.frag_idx;
-    return fragment == SQUASHFS_INVALID_FRAG ||
-           table_entry_ok(fs, fs->frag_table, fragment, fs->sb.fragments);
+    if (fragment == SQUASHFS_INVALID_FRAG) return true;
+    squashfs_fragment_entry entry{};
+    return table_entry_ok(fs, fs->frag_table, fragment, fs->sb.fragments) &&
+           sqfs_frag_entry(fs, &entry, fragment) == SQFS_OK && stored_size_ok(fs, entry.size);
 }
 
 // The last block list position handed out, for sequential reads of one file.
@@ -153,6 +164,7 @@ sqfs_err checked_read_range(sqfs* fs, sqfs_inode* inode, sqfs_off_t start, sqfs_
             if (data_start > position) break;  // a block list that does not describe the file
             data_size = std::min(block_size, file_size - data_start);
             if (blocks.input_size != 0) {
+                if (!stored_size_ok(fs, blocks.header)) break;
                 sqfs_block* block = nullptr;
                 if (sqfs_data_cache(fs, &fs->data_cache, static_cast<sqfs_off_t>(blocks.block),
                                     blocks.header, &block) != SQFS_OK ||

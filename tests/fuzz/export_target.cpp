@@ -86,8 +86,10 @@ Tree lay_out(sqfs* fs, const std::string& top) {
             if (!content) return;
             entry.mode |= permissions | 0400;
             entry.content = std::move(*content);
+            // Names the host refuses (longer than 255 bytes) are left out.
             UniqueFd file(::open(where.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
-            if (!file || !write_all(file.get(), entry.content.data(), entry.content.size()) ||
+            if (!file) return;
+            if (!write_all(file.get(), entry.content.data(), entry.content.size()) ||
                 ::fchmod(file.get(), entry.mode & 07777) != 0) {
                 std::abort();
             }
@@ -97,9 +99,8 @@ Tree lay_out(sqfs* fs, const std::string& top) {
             entry.mode |= 0777;
             entry.content = std::move(*target);
         } else if (S_ISFIFO(inode.base.mode)) {
-            if (::mkfifo(where.c_str(), 0600) != 0 || ::chmod(where.c_str(), permissions) != 0) {
-                std::abort();
-            }
+            if (::mkfifo(where.c_str(), 0600) != 0) return;
+            if (::chmod(where.c_str(), permissions) != 0) std::abort();
             entry.mode |= permissions;
         } else {
             return;  // devices and sockets need privileges to make

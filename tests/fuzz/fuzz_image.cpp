@@ -45,7 +45,13 @@ void walk_image(sqfs* fs, size_t max_entries,
             ++entries;
             sqfs_inode inode;
             if (checked_inode_get(fs, &inode, sqfs_dentry_inode(entry.get())) != SQFS_OK) continue;
-            const std::string child = path + "/" + sqfs_dentry_name(entry.get());
+            const std::string name = sqfs_dentry_name(entry.get());
+            // Names the kernel refuses from a FUSE server: never seen by anything above it.
+            if (name.empty() || name == "." || name == ".." ||
+                name.find('/') != std::string::npos) {
+                continue;
+            }
+            const std::string child = path + "/" + name;
             visit(child, inode);
             if (S_ISDIR(inode.base.mode)) pending.emplace_back(child, inode);
         }

@@ -18,7 +18,8 @@ namespace sqbox::fuzz {
 std::optional<ImageSource> open_fuzz_image(const uint8_t* data, size_t size);
 
 // Calls `visit` with the absolute path and inode of every entry below the root (the root
-// included, as "/"), depth first, within `max_entries`; stops at the first error.
+// included, as "/"), depth first, within `max_entries`; stops at the first error. Names the
+// kernel would refuse from the FUSE server (empty, ".", "..", with a '/') are left out.
 void walk_image(sqfs* fs, size_t max_entries,
                 const std::function<void(const std::string& path, sqfs_inode& inode)>& visit);
 

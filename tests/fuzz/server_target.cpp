@@ -1,8 +1,9 @@
 // The image server driven without a kernel: libfuse gets FUSE requests made here, as the kernel
-// would send them, and writes its replies to one end of a socket pair, where they are read back
-// to walk the tree further.
+// would send them, and writes its replies to a memory file, where they are read back to walk the
+// tree further. A file, not a socket or a pipe: a spliced reply's header lives on libfuse's stack
+// and a socket would keep a reference to that page instead of a copy of it.
 #include <linux/fuse.h>
-#include <sys/socket.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,7 +27,7 @@ namespace {
 // Bounds on one input's work, so that an image claiming huge files or directories stays fast.
 constexpr size_t kMaxRequests = 1500;
 constexpr size_t kMaxNodes = 200;
-constexpr uint32_t kReadSize = 48 << 10;  // a reply must fit in the socket's buffer
+constexpr uint32_t kReadSize = 48 << 10;
 constexpr uint64_t kMaxReadPerFile = uint64_t{160} << 10;
 constexpr uint32_t kReaddirSize = 1024;  // small, so that listings take several requests
 constexpr int kMaxReaddirPages = 32;
@@ -50,17 +51,15 @@ struct Reply {
 class FuseClient {
   public:
     FuseClient(sqfs_ll* image, const SquashfsServerOptions& options) {
-        int pair[2];
-        if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) std::abort();
-        server_end_ = pair[0];
-        client_.reset(pair[1]);
+        replies_ = ::memfd_create("sqbox-fuzz-replies", MFD_CLOEXEC);
+        if (replies_ < 0) std::abort();
         session_ = new_squashfs_session(image, options);
         if (session_ == nullptr) std::abort();
-        const std::string device = "/dev/fd/" + std::to_string(server_end_);
+        const std::string device = "/dev/fd/" + std::to_string(replies_);
         if (fuse_session_mount(session_, device.c_str()) != 0) std::abort();
     }
     ~FuseClient() {
-        fuse_session_destroy(session_);  // closes server_end_
+        fuse_session_destroy(session_);  // closes replies_
     }
     FuseClient(const FuseClient&) = delete;
     FuseClient& operator=(const FuseClient&) = delete;
@@ -92,31 +91,30 @@ class FuseClient {
     }
 
   private:
-    // libfuse wrote the whole reply before process_buf returned.
+    // libfuse wrote the whole reply before process_buf returned; the file is emptied for the
+    // next one.
     Reply receive() {
         fuse_out_header header{};
-        read_exactly(&header, sizeof header);
+        read_exactly(&header, sizeof header, 0);
         if (header.len < sizeof header || header.unique != unique_) std::abort();
         Reply reply;
         reply.error = header.error;
         reply.payload.resize(header.len - sizeof header);
-        read_exactly(reply.payload.data(), reply.payload.size());
+        read_exactly(reply.payload.data(), reply.payload.size(), sizeof header);
+        if (::lseek(replies_, 0, SEEK_END) != static_cast<off_t>(header.len) ||
+            ::ftruncate(replies_, 0) != 0 || ::lseek(replies_, 0, SEEK_SET) != 0) {
+            std::abort();  // more than one reply, or none
+        }
         return reply;
     }
 
-    void read_exactly(void* data, size_t size) const {
-        auto* bytes = static_cast<char*>(data);
-        while (size > 0) {
-            const ssize_t got = ::recv(client_.get(), bytes, size, MSG_DONTWAIT);
-            if (got <= 0) std::abort();  // a request that got no reply
-            bytes += got;
-            size -= static_cast<size_t>(got);
-        }
+    void read_exactly(void* data, size_t size, off_t offset) const {
+        // A request that got no reply reads short.
+        if (::pread(replies_, data, size, offset) != static_cast<ssize_t>(size)) std::abort();
     }
 
     fuse_session* session_ = nullptr;
-    int server_end_ = -1;
-    UniqueFd client_;
+    int replies_ = -1;  // the session's "device", closed by fuse_session_destroy
     uint64_t unique_ = 0;
     size_t requests_ = 0;
 };
