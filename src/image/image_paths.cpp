@@ -5,6 +5,8 @@
 #include <deque>
 #include <string_view>
 
+#include "image/squashfs_guards.h"
+
 namespace sqbox {
 namespace {
 
@@ -44,15 +46,13 @@ std::optional<std::string> read_symlink(sqfs* fs, sqfs_inode* inode) {
 std::optional<std::vector<ImagePathStep>> resolve_image_path(sqfs* fs, const std::string& path,
                                                              size_t* lookups_left) {
     sqfs_inode root;
-    if (sqfs_inode_get(fs, &root, sqfs_inode_root(fs)) != SQFS_OK) return std::nullopt;
+    if (checked_root_inode(fs, &root) != SQFS_OK) return std::nullopt;
     std::vector<ImagePathStep> steps;
     std::deque<std::string> pending;
     push_components_front(pending, path);
     int symlinks = 0;
     size_t path_bytes = 0;  // of the steps so far, with their slashes
-    sqfs_name name_buffer;
-    sqfs_dir_entry entry;
-    sqfs_dentry_init(&entry, name_buffer);
+    DirEntryBuffer entry;
     while (!pending.empty()) {
         const std::string name = std::move(pending.front());
         pending.pop_front();
@@ -71,12 +71,13 @@ std::optional<std::vector<ImagePathStep>> resolve_image_path(sqfs* fs, const std
         sqfs_inode* directory = steps.empty() ? &root : &steps.back().inode;
         if (!S_ISDIR(directory->base.mode)) return std::nullopt;
         bool found = false;
-        if (sqfs_dir_lookup(fs, directory, name.data(), name.size(), &entry, &found) != SQFS_OK ||
-            !found) {
+        if (sqfs_dir_lookup(fs, directory, name.data(), name.size(), entry.get(), &found) !=
+                SQFS_OK ||
+            !entry.name_ok() || !found) {
             return std::nullopt;
         }
         ImagePathStep step{name, {}};
-        if (sqfs_inode_get(fs, &step.inode, sqfs_dentry_inode(&entry)) != SQFS_OK) {
+        if (checked_inode_get(fs, &step.inode, sqfs_dentry_inode(entry.get())) != SQFS_OK) {
             return std::nullopt;
         }
         if (S_ISLNK(step.inode.base.mode)) {

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "image/squashfs_guards.h"
 #include "image/squashfuse_api.h"
 #include "util/errors.h"
 
@@ -48,12 +49,18 @@ SquashfsHandle load_squashfs(int fd, const std::string& path, off_t file_size) {
         throw Error("image " + path + ": truncated squashfs image (" + std::to_string(file_size) +
                     " of " + std::to_string(ll->fs.sb.bytes_used) + " bytes)");
     }
+    // Every size computation divides by the block size: squashfs allows 4 KiB to 1 MiB, powers
+    // of two.
+    const uint32_t block_size = ll->fs.sb.block_size;
+    if (block_size < 4096 || block_size > (1U << 20) || (block_size & (block_size - 1)) != 0) {
+        throw Error("image " + path + ": corrupt squashfs image (block size " +
+                    std::to_string(block_size) + ")");
+    }
     err = sqfs_ll_init(ll.get());
     if (err != SQFS_OK) throw Error("image " + path + ": " + describe(err));
 
     sqfs_inode root;
-    if (sqfs_inode_get(&ll->fs, &root, sqfs_inode_root(&ll->fs)) != SQFS_OK ||
-        !S_ISDIR(root.base.mode)) {
+    if (checked_root_inode(&ll->fs, &root) != SQFS_OK || !S_ISDIR(root.base.mode)) {
         throw Error("image " + path + ": corrupt squashfs image (unreadable root directory)");
     }
     return ll;

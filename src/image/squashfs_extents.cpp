@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "image/squashfs_guards.h"
+
 namespace sqbox {
 
 bool find_stored_extents(sqfs* fs, sqfs_inode* inode, uint64_t offset, uint64_t length,
@@ -13,10 +15,10 @@ bool find_stored_extents(sqfs* fs, sqfs_inode* inode, uint64_t offset, uint64_t 
     const uint64_t block_size = fs->sb.block_size;
     const uint64_t image_end = fs->sb.bytes_used;
 
-    // The block list, fast-forwarded (through libsquashfuse's index for large files) to the
-    // block holding `offset`; once it runs out, the rest of the file is a fragment tail.
+    // The block list, fast-forwarded to the block holding `offset`; once it runs out, the rest
+    // of the file is a fragment tail.
     sqfs_blocklist blocks;
-    if (sqfs_blockidx_blocklist(fs, inode, &blocks, static_cast<sqfs_off_t>(offset)) != SQFS_OK) {
+    if (checked_blocklist(fs, inode, &blocks, offset) != SQFS_OK) {
         return false;
     }
     uint64_t position = offset;
@@ -29,7 +31,9 @@ bool find_stored_extents(sqfs* fs, sqfs_inode* inode, uint64_t offset, uint64_t 
         bool compressed = true;
         uint32_t stored_size = 0;
         sqfs_data_header(blocks.header, &compressed, &stored_size);
-        if (compressed || stored_size == 0) return false;  // needs decoding, or a hole
+        if (compressed || stored_size == 0 || stored_size > block_size) {
+            return false;  // needs decoding, a hole, or not a block
+        }
         // A stored block holds its bytes as they are: a full block, or the file's last one.
         const uint64_t block_end = block_start + stored_size;
         if (block_end <= position || blocks.block + stored_size > image_end ||

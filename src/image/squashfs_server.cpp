@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <system_error>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -19,6 +20,7 @@
 
 #include "image/image_names.h"
 #include "image/squashfs_extents.h"
+#include "image/squashfs_guards.h"
 #include "image/squashfs_prefetch.h"
 #include "image/squashfuse_api.h"
 #include "util/files.h"
@@ -31,10 +33,11 @@ namespace {
 constexpr double kCacheForever = DBL_MAX;
 
 SquashfsServerOptions g_options;
-// Null without a mount point, or when its thread could not start: reads still work.
-SquashfsPrefetcher* g_prefetcher = nullptr;
 // Paths of the inodes handed out, for the prefetcher and the learning recorder.
 ImageNames g_names;
+std::optional<SquashfsPrefetcher> g_prefetcher_storage;
+// Null without a mount point, or when its thread could not start: reads still work.
+SquashfsPrefetcher* g_prefetcher = nullptr;
 
 // A learning run's recorder (null otherwise), told of each name looked up and of the first read
 // of each file and first listing of each directory: the inodes it was told of already.
@@ -47,6 +50,31 @@ void record_first_read(fuse_ino_t ino) {
 
 void record_first_listing(fuse_ino_t ino) {
     if (g_recorded_inodes.insert(ino).second) g_recorder->first_listed(g_names.path_of(ino));
+}
+
+// The image's inode behind each inode number handed to the kernel, checked when it was looked up
+// (image/squashfs_guards.h says why the library's own mapping is not used).
+std::unordered_map<fuse_ino_t, sqfs_inode_id> g_inode_ids;
+
+// The checked inode `ino` stands for, or false once the request is answered with an error.
+bool find_inode(fuse_req_t req, fuse_ino_t ino, sqfs_ll** ll, sqfs_inode* inode) {
+    *ll = static_cast<sqfs_ll*>(fuse_req_userdata(req));
+    sqfs_inode_id id = 0;
+    if (ino == FUSE_ROOT_ID) {
+        id = sqfs_inode_root(&(*ll)->fs);
+    } else {
+        auto found = g_inode_ids.find(ino);
+        if (found == g_inode_ids.end()) {
+            fuse_reply_err(req, ENOENT);
+            return false;
+        }
+        id = found->second;
+    }
+    if (checked_inode_get(&(*ll)->fs, inode, id) != SQFS_OK) {
+        fuse_reply_err(req, EIO);
+        return false;
+    }
+    return true;
 }
 
 // The kernel takes spliced replies (decided in op_init).
@@ -62,10 +90,11 @@ void apply_owner(struct stat* st) {
 
 // getattr and lookup are libsquashfuse's, except that ownership is rewritten (see header).
 void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info* /*fi*/) {
-    sqfs_ll_i lli;
-    if (sqfs_ll_iget(req, &lli, ino) != SQFS_OK) return;  // already answered with ENOENT
+    sqfs_ll* ll = nullptr;
+    sqfs_inode inode;
+    if (!find_inode(req, ino, &ll, &inode)) return;
     struct stat st {};
-    if (sqfs_stat(&lli.ll->fs, &lli.inode, &st) != SQFS_OK) {
+    if (sqfs_stat(&ll->fs, &inode, &st) != SQFS_OK) {
         fuse_reply_err(req, EIO);
         return;
     }
@@ -75,18 +104,18 @@ void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info* /*fi*/) {
 }
 
 void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
-    sqfs_ll_i lli;
-    if (sqfs_ll_iget(req, &lli, parent) != SQFS_OK) return;
-    if (!S_ISDIR(lli.inode.base.mode)) {
+    sqfs_ll* ll = nullptr;
+    sqfs_inode directory;
+    if (!find_inode(req, parent, &ll, &directory)) return;
+    if (!S_ISDIR(directory.base.mode)) {
         fuse_reply_err(req, ENOTDIR);
         return;
     }
-    sqfs_name name_buffer;
-    sqfs_dir_entry entry;
-    sqfs_dentry_init(&entry, name_buffer);
+    DirEntryBuffer entry;
     bool found = false;
-    if (sqfs_dir_lookup(&lli.ll->fs, &lli.inode, name, std::strlen(name), &entry, &found) !=
-        SQFS_OK) {
+    if (sqfs_dir_lookup(&ll->fs, &directory, name, std::strlen(name), entry.get(), &found) !=
+            SQFS_OK ||
+        !entry.name_ok()) {
         fuse_reply_err(req, EIO);
         return;
     }
@@ -100,18 +129,20 @@ void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
         return;
     }
     sqfs_inode inode;
-    if (sqfs_inode_get(&lli.ll->fs, &inode, sqfs_dentry_inode(&entry)) != SQFS_OK) {
-        fuse_reply_err(req, EIO);
-        return;
-    }
     fuse_entry_param reply{};
-    if (sqfs_stat(&lli.ll->fs, &inode, &reply.attr) != SQFS_OK) {
+    if (checked_inode_get(&ll->fs, &inode, sqfs_dentry_inode(entry.get())) != SQFS_OK ||
+        sqfs_stat(&ll->fs, &inode, &reply.attr) != SQFS_OK) {
         fuse_reply_err(req, EIO);
         return;
     }
     reply.attr_timeout = kCacheForever;
     reply.entry_timeout = kCacheForever;
-    reply.ino = lli.ll->ino_register(lli.ll, &entry);
+    reply.ino = ll->ino_register(ll, entry.get());
+    if (reply.ino == FUSE_ROOT_ID || reply.ino == 0) {  // a number the image cannot have
+        fuse_reply_err(req, EIO);
+        return;
+    }
+    g_inode_ids[reply.ino] = sqfs_dentry_inode(entry.get());
     reply.attr.st_ino = static_cast<ino_t>(reply.ino);
     apply_owner(&reply.attr);
     fuse_reply_entry(req, &reply);
@@ -158,12 +189,9 @@ bool reply_from_stored_blocks(fuse_req_t req, sqfs* fs, sqfs_inode* inode, uint6
 
 void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
              struct fuse_file_info* /*fi*/) {
-    sqfs_ll* ll = static_cast<sqfs_ll*>(fuse_req_userdata(req));
+    sqfs_ll* ll = nullptr;
     sqfs_inode inode;
-    if (sqfs_ll_inode(ll, &inode, ino) != SQFS_OK) {
-        fuse_reply_err(req, ENOENT);
-        return;
-    }
+    if (!find_inode(req, ino, &ll, &inode)) return;
     if (!S_ISREG(inode.base.mode)) {
         fuse_reply_err(req, EISDIR);
         return;
@@ -175,7 +203,7 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
         std::vector<char>& buffer = read_buffer();
         if (buffer.size() < size) buffer.resize(size);
         sqfs_off_t length = static_cast<sqfs_off_t>(size);
-        if (sqfs_read_range(&ll->fs, &inode, offset, &length, buffer.data()) != SQFS_OK) {
+        if (checked_read_range(&ll->fs, &inode, offset, &length, buffer.data()) != SQFS_OK) {
             fuse_reply_err(req, EIO);
             return;
         }
@@ -187,31 +215,34 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
 
 void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
                 struct fuse_file_info* /*fi*/) {
-    sqfs_ll_i lli;
-    if (sqfs_ll_iget(req, &lli, ino) != SQFS_OK) return;
-    if (!S_ISDIR(lli.inode.base.mode)) {
+    sqfs_ll* ll = nullptr;
+    sqfs_inode inode;
+    if (!find_inode(req, ino, &ll, &inode)) return;
+    if (!S_ISDIR(inode.base.mode)) {
         fuse_reply_err(req, ENOTDIR);
         return;
     }
     sqfs_dir dir;
-    if (sqfs_dir_open(&lli.ll->fs, &lli.inode, &dir, offset) != SQFS_OK) {
+    if (sqfs_dir_open(&ll->fs, &inode, &dir, offset) != SQFS_OK) {
         fuse_reply_err(req, EINVAL);
         return;
     }
     std::vector<char>& buffer = read_buffer();
     if (buffer.size() < size) buffer.resize(size);
-    sqfs_name name_buffer;
-    sqfs_dir_entry entry;
-    sqfs_dentry_init(&entry, name_buffer);
+    DirEntryBuffer entry;
     size_t used = 0;
     sqfs_err err = SQFS_OK;
-    while (sqfs_dir_next(&lli.ll->fs, &dir, &entry, &err)) {
+    while (sqfs_dir_next(&ll->fs, &dir, entry.get(), &err)) {
+        if (!entry.name_ok()) {
+            err = SQFS_ERR;
+            break;
+        }
         struct stat st {};
-        st.st_ino = static_cast<ino_t>(lli.ll->ino_fuse_num(lli.ll, &entry));
-        st.st_mode = sqfs_dentry_mode(&entry);
+        st.st_ino = static_cast<ino_t>(ll->ino_fuse_num(ll, entry.get()));
+        st.st_mode = sqfs_dentry_mode(entry.get());
         size_t needed =
-            fuse_add_direntry(req, buffer.data() + used, size - used, sqfs_dentry_name(&entry), &st,
-                              static_cast<off_t>(sqfs_dentry_next_offset(&entry)));
+            fuse_add_direntry(req, buffer.data() + used, size - used, sqfs_dentry_name(entry.get()),
+                              &st, static_cast<off_t>(sqfs_dentry_next_offset(entry.get())));
         if (needed > size - used) break;
         used += needed;
     }
@@ -221,6 +252,24 @@ void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
     }
     fuse_reply_buf(req, buffer.data(), used);
     if (g_recorder != nullptr && offset == 0) record_first_listing(ino);
+}
+
+void op_readlink(fuse_req_t req, fuse_ino_t ino) {
+    sqfs_ll* ll = nullptr;
+    sqfs_inode inode;
+    if (!find_inode(req, ino, &ll, &inode)) return;
+    if (!S_ISLNK(inode.base.mode)) {
+        fuse_reply_err(req, EINVAL);
+        return;
+    }
+    // The target's length was bounded by checked_inode_get.
+    char target[4096 + 1];
+    size_t size = sizeof target;
+    if (sqfs_readlink(&ll->fs, &inode, target, &size) != SQFS_OK) {
+        fuse_reply_err(req, EIO);
+        return;
+    }
+    fuse_reply_readlink(req, target);
 }
 
 // Symlinks never change either: let the kernel keep their targets in its page cache instead of
@@ -247,7 +296,7 @@ fuse_lowlevel_ops make_operations() {
     ops.opendir = op_unsupported;
     ops.read = op_read;
     ops.readdir = op_readdir;
-    ops.readlink = sqfs_ll_op_readlink;
+    ops.readlink = op_readlink;
     ops.getxattr = op_no_getxattr;
     ops.listxattr = op_no_listxattr;
     ops.statfs = stfs_ll_op_statfs;
@@ -328,37 +377,45 @@ int run_request_loop(fuse_session* session, int fuse_fd) {
 
 }  // namespace
 
-int serve_squashfs(sqfs_ll* image, int fuse_fd, const SquashfsServerOptions& options) {
+fuse_session* new_squashfs_session(sqfs_ll* image, const SquashfsServerOptions& options) {
+    g_prefetcher = nullptr;
+    g_prefetcher_storage.reset();
     g_options = options;
     g_recorder = options.recorder;
-    // libsquashfuse allocates a block-sized buffer per cache miss; keep those on the heap instead
-    // of a fresh mmap (and page faults) each time.
-    (void)mallopt(M_MMAP_THRESHOLD, 8 * 1024 * 1024);
-    (void)mallopt(M_TRIM_THRESHOLD, 64 * 1024 * 1024);
+    g_names = ImageNames();
+    g_recorded_inodes.clear();
+    g_inode_ids.clear();
+    g_splice = false;
     fuse_lowlevel_ops ops = make_operations();
     char program[] = "sqbox-fuse";
     char* argv[] = {program, nullptr};
     fuse_args args = FUSE_ARGS_INIT(1, argv);
     fuse_session* session = fuse_session_new(&args, &ops, sizeof ops, image);
+    if (session == nullptr) return nullptr;
+    try {
+        if (!options.mount_point.empty()) {
+            g_prefetcher =
+                &g_prefetcher_storage.emplace(options.mount_point, g_names, PrefetchLimits{});
+        }
+    } catch (const std::system_error&) {
+        // No thread to be had: every read is still answered, only without prefetching.
+    }
+    return session;
+}
+
+int serve_squashfs(sqfs_ll* image, int fuse_fd, const SquashfsServerOptions& options) {
+    // libsquashfuse allocates a block-sized buffer per cache miss; keep those on the heap instead
+    // of a fresh mmap (and page faults) each time.
+    (void)mallopt(M_MMAP_THRESHOLD, 8 * 1024 * 1024);
+    (void)mallopt(M_TRIM_THRESHOLD, 64 * 1024 * 1024);
+    fuse_session* session = new_squashfs_session(image, options);
     if (session == nullptr) return -1;
     // "/dev/fd/N" tells libfuse the device is already open and mounted: it mounts nothing itself
     // and never runs fusermount.
     std::string device = "/dev/fd/" + std::to_string(fuse_fd);
     int status = fuse_session_mount(session, device.c_str());
     if (status == 0) replay_init(session, options.record);
-    std::optional<SquashfsPrefetcher> prefetcher;
-    if (status == 0) {
-        try {
-            if (!options.mount_point.empty()) {
-                prefetcher.emplace(options.mount_point, g_names, PrefetchLimits{});
-                g_prefetcher = &*prefetcher;
-            }
-        } catch (const std::system_error&) {
-            // No thread to be had: every read is still answered, only without prefetching.
-        }
-        status = run_request_loop(session, fuse_fd);
-        g_prefetcher = nullptr;
-    }
+    if (status == 0) status = run_request_loop(session, fuse_fd);
     // No fuse_session_destroy(): the process exits right after, and destroy would touch the
     // (already gone) mount.
     return status;

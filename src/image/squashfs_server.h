@@ -7,6 +7,7 @@
 #include <string>
 
 struct sqfs_ll;
+struct fuse_session;
 
 namespace sqbox {
 
@@ -48,6 +49,13 @@ struct SquashfsServerOptions {
     // sqbox serve: shared with the supervisor (see ServerRecord); null otherwise.
     ServerRecord* record = nullptr;
 };
+
+// The libfuse session that answers requests from `image` with the server's operations (and, with
+// a mount point, starts the prefetch thread), attached to no device yet: serve_squashfs attaches
+// it to the mounted /dev/fuse, the fuzz targets (tests/fuzz) feed it requests without a kernel.
+// One session per process at a time: a new one replaces the previous one's state. Null if libfuse
+// cannot make one.
+fuse_session* new_squashfs_session(sqfs_ll* image, const SquashfsServerOptions& options);
 
 // Serves FUSE requests arriving on `fuse_fd` (an open /dev/fuse already mounted) from the image
 // loaded in `image` until the connection goes away. Requests are answered on the calling thread;

@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "image/image_paths.h"
+#include "image/squashfs_guards.h"
 #include "util/errors.h"
 #include "util/files.h"
 #include "util/stable_hash.h"
@@ -94,7 +95,7 @@ std::optional<std::vector<WarmUpName>> load_image_warm_up_list(sqfs* fs) {
     }
     std::string data(static_cast<size_t>(info.st_size), '\0');
     auto length = static_cast<sqfs_off_t>(data.size());
-    if (sqfs_read_range(fs, &steps->back().inode, 0, &length, data.data()) != SQFS_OK ||
+    if (checked_read_range(fs, &steps->back().inode, 0, &length, data.data()) != SQFS_OK ||
         length != static_cast<sqfs_off_t>(data.size())) {
         return std::nullopt;
     }

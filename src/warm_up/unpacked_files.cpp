@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "image/image_paths.h"
+#include "image/squashfs_guards.h"
 #include "security/confined_work.h"
 #include "util/errors.h"
 #include "util/file_tree.h"
@@ -211,8 +212,8 @@ class TreeBuilder {
         for (uint64_t offset = 0; offset < size;) {
             auto length =
                 static_cast<sqfs_off_t>(std::min<uint64_t>(kCopyChunkBytes, size - offset));
-            if (sqfs_read_range(fs_, inode, static_cast<sqfs_off_t>(offset), &length,
-                                buffer_.data()) != SQFS_OK ||
+            if (checked_read_range(fs_, inode, static_cast<sqfs_off_t>(offset), &length,
+                                   buffer_.data()) != SQFS_OK ||
                 length <= 0) {
                 return false;
             }
@@ -243,28 +244,6 @@ class TreeBuilder {
     std::vector<char> buffer_;
     uint64_t bytes_ = 0;  // unpacked so far
 };
-
-// The confined child's work: the image's own list (when no learned one is given) into
-// `image-list`, the files of the list into `tree`. What it made is counted by the launcher, which
-// believes nothing the child says (check_made_entry).
-void unpack(sqfs* fs, int entry_fd, const std::vector<WarmUpName>& learned,
-            const UnpackedFilesLimits& limits) {
-    std::vector<WarmUpName> names = learned;
-    if (learned.empty()) {
-        // An image whose list is not one is as one without: nothing to unpack.
-        names = load_image_warm_up_list(fs).value_or(std::vector<WarmUpName>{});
-        write_file_at(entry_fd, "image-list", encode_warm_up_list(names), O_EXCL | O_NOFOLLOW,
-                      0600);
-    }
-    if (::mkdirat(entry_fd, "tree", 0755) != 0) throw system_error("cannot create tree");
-    UniqueFd tree(::openat(entry_fd, "tree", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-    if (!tree) throw system_error("cannot open tree");
-    TreeBuilder builder(fs, tree.get(), limits);
-    for (const auto& name : names) {
-        if (name.kind == WarmUpKind::kRead) builder.add(name.path);
-    }
-    builder.finish();
-}
 
 // No extended attributes: overlayfs would read user.overlay.* ones on a lower layer (an opaque
 // directory or a whiteout hides the image's files).
@@ -307,6 +286,25 @@ void remove_oldest_entries(const std::string& directory, const std::string& keep
 }
 
 }  // namespace
+
+void unpack_image_files(sqfs* fs, int entry_fd, const std::vector<WarmUpName>& learned,
+                        const UnpackedFilesLimits& limits) {
+    std::vector<WarmUpName> names = learned;
+    if (learned.empty()) {
+        // An image whose list is not one is as one without: nothing to unpack.
+        names = load_image_warm_up_list(fs).value_or(std::vector<WarmUpName>{});
+        write_file_at(entry_fd, "image-list", encode_warm_up_list(names), O_EXCL | O_NOFOLLOW,
+                      0600);
+    }
+    if (::mkdirat(entry_fd, "tree", 0755) != 0) throw system_error("cannot create tree");
+    UniqueFd tree(::openat(entry_fd, "tree", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!tree) throw system_error("cannot open tree");
+    TreeBuilder builder(fs, tree.get(), limits);
+    for (const auto& name : names) {
+        if (name.kind == WarmUpKind::kRead) builder.add(name.path);
+    }
+    builder.finish();
+}
 
 UnpackedFilesCounts check_made_entry(const std::string& entry, bool image_list,
                                      const UnpackedFilesLimits& limits) {
@@ -402,7 +400,7 @@ UnpackedFiles prepare_unpacked_files(sqfs* fs, int image_fd, const std::string& 
         (void)run_confined(
             made_fd, {image_fd},
             [&] {
-                unpack(fs, made_fd, learned, limits);
+                unpack_image_files(fs, made_fd, learned, limits);
                 return std::string();
             },
             confined);

@@ -71,6 +71,14 @@ struct UnpackedFilesCounts {
     uint64_t bytes = 0;
 };
 
+// The confined child's work (prepare_unpacked_files runs it confined; the fuzz targets run it
+// directly): with `learned` empty, the image's own list into `image-list` (in the directory
+// `entry_fd`); the files of the list into `tree`. Throws Error if the entry cannot be written.
+// What it made is counted by the launcher, which believes nothing the child says
+// (check_made_entry).
+void unpack_image_files(sqfs* fs, int entry_fd, const std::vector<WarmUpName>& learned,
+                        const UnpackedFilesLimits& limits);
+
 // What prepare_unpacked_files does with the entry directory the confined child made, before it
 // stamps it: an image that took the child over could have made anything its Landlock rules
 // allow, so nothing it reports is believed. Only `tree` (and, with `image_list`, `image-list`
