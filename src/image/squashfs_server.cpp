@@ -52,9 +52,16 @@ void record_first_listing(fuse_ino_t ino) {
     if (g_recorded_inodes.insert(ino).second) g_recorder->first_listed(g_names.path_of(ino));
 }
 
-// The image's inode behind each inode number handed to the kernel, checked when it was looked up
-// (image/squashfs_guards.h says why the library's own mapping is not used).
-std::unordered_map<fuse_ino_t, sqfs_inode_id> g_inode_ids;
+// The inode numbers handed to the kernel are the image's inode references, moved clear of 0 and
+// FUSE_ROOT_ID: a number says which inode it stands for without a table, so a server started
+// again on the same connection (sqbox serve, after a crash) answers for every number the kernel
+// already holds. Not the library's numbering, which reads the export table with numbers the
+// image chose (image/squashfs_guards.h); each inode is checked when it is read, like any other.
+constexpr fuse_ino_t kInodeNumberBase = 2;
+
+fuse_ino_t inode_number_of(sqfs_inode_id id) {
+    return static_cast<fuse_ino_t>(id) + kInodeNumberBase;
+}
 
 // The checked inode `ino` stands for, or false once the request is answered with an error.
 bool find_inode(fuse_req_t req, fuse_ino_t ino, sqfs_ll** ll, sqfs_inode* inode) {
@@ -63,12 +70,11 @@ bool find_inode(fuse_req_t req, fuse_ino_t ino, sqfs_ll** ll, sqfs_inode* inode)
     if (ino == FUSE_ROOT_ID) {
         id = sqfs_inode_root(&(*ll)->fs);
     } else {
-        auto found = g_inode_ids.find(ino);
-        if (found == g_inode_ids.end()) {
+        if (ino < kInodeNumberBase) {
             fuse_reply_err(req, ENOENT);
             return false;
         }
-        id = found->second;
+        id = static_cast<sqfs_inode_id>(ino - kInodeNumberBase);
     }
     if (checked_inode_get(&(*ll)->fs, inode, id) != SQFS_OK) {
         fuse_reply_err(req, EIO);
@@ -137,12 +143,7 @@ void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     }
     reply.attr_timeout = kCacheForever;
     reply.entry_timeout = kCacheForever;
-    reply.ino = ll->ino_register(ll, entry.get());
-    if (reply.ino == FUSE_ROOT_ID || reply.ino == 0) {  // a number the image cannot have
-        fuse_reply_err(req, EIO);
-        return;
-    }
-    g_inode_ids[reply.ino] = sqfs_dentry_inode(entry.get());
+    reply.ino = inode_number_of(sqfs_dentry_inode(entry.get()));
     reply.attr.st_ino = static_cast<ino_t>(reply.ino);
     apply_owner(&reply.attr);
     fuse_reply_entry(req, &reply);
@@ -238,7 +239,7 @@ void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
             break;
         }
         struct stat st {};
-        st.st_ino = static_cast<ino_t>(ll->ino_fuse_num(ll, entry.get()));
+        st.st_ino = static_cast<ino_t>(inode_number_of(sqfs_dentry_inode(entry.get())));
         st.st_mode = sqfs_dentry_mode(entry.get());
         size_t needed =
             fuse_add_direntry(req, buffer.data() + used, size - used, sqfs_dentry_name(entry.get()),
@@ -384,7 +385,6 @@ fuse_session* new_squashfs_session(sqfs_ll* image, const SquashfsServerOptions& 
     g_recorder = options.recorder;
     g_names = ImageNames();
     g_recorded_inodes.clear();
-    g_inode_ids.clear();
     g_splice = false;
     fuse_lowlevel_ops ops = make_operations();
     char program[] = "sqbox-fuse";

@@ -190,9 +190,32 @@ def test_corrupted_images_end_in_one_line_never_a_hang(box, small_image_and_tool
             assert len(lines) == 1 and lines[0].startswith("sqbox: "), (seed, result.stderr)
         outcomes.setdefault(result.returncode, []).append(lines[0] if lines else "")
         image.unlink()
-    # The flips reached the parser: some runs found the image broken, some killed its server.
+    # The flips reached the parser: some runs found the image broken. None crashed the server:
+    # sqbox's checks around libsquashfuse (image/squashfs_guards.h) answer EIO instead.
     assert 125 in outcomes and 0 in outcomes, outcomes
-    assert any("the image server died" in line for line in outcomes[125]), outcomes
+    assert not any("the image server died" in line for line in outcomes[125]), outcomes
+    assert new_fuse_connections(connections_before) == []
+
+
+def test_a_crashed_image_server_ends_its_sandbox_with_one_line(box):
+    """What a parser crash the checks miss would do under sqbox run: the sandbox ends with 125 and
+    one line naming the cause, and nothing is left (the autouse fixture checks processes)."""
+    connections_before = fuse_connections()
+    sandbox = subprocess.Popen(box.argv(box.python_image, ["sh", "-c", "echo ready; sleep 60",
+                                                           box.marker]),
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        assert sandbox.stdout.readline() == "ready\n"
+        os.kill(find_image_server(sandbox.pid), signal.SIGSEGV)
+        _, stderr = sandbox.communicate(timeout=SANDBOX_TIMEOUT + GRACE)
+    finally:
+        if sandbox.poll() is None:
+            sandbox.kill()
+            sandbox.wait()
+    assert sandbox.returncode == 125, stderr
+    assert stderr.splitlines() == ["sqbox: the image server died of signal 11 (Segmentation "
+                                   "fault); the image may be corrupt; sandbox killed"], stderr
     assert new_fuse_connections(connections_before) == []
 
 
