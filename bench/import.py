@@ -454,7 +454,7 @@ def main():
             s = stats[(tool.name, mode)]
             row = f"{tool.name + ', ' + mode:<{w}}  {s['median_s']:8.2f}  {s['min_s']:6.2f}  " \
                   f"{s['max_s']:6.2f}  {s['peak_rss_kb'] / 1024:5.1f} MiB"
-            if tool not in (big, stored):
+            if tool is not big:
                 s["x_baseline"] = s["median_s"] / stats[(base_name, mode)]["median_s"]
                 row += f"  {s['x_baseline']:10.2f}"
                 if version:
