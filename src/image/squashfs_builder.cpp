@@ -4,86 +4,25 @@
 // shared by several entries (hard links, counted in extended inodes) and carry xattrs and owners.
 #include "image/squashfs_builder.h"
 
-#include <sched.h>
 #include <sqfs/block.h>
 #include <sqfs/block_processor.h>
-#include <sqfs/block_writer.h>
-#include <sqfs/compressor.h>
 #include <sqfs/dir_writer.h>
-#include <sqfs/error.h>
-#include <sqfs/frag_table.h>
-#include <sqfs/id_table.h>
 #include <sqfs/inode.h>
 #include <sqfs/io.h>
-#include <sqfs/meta_writer.h>
-#include <sqfs/super.h>
 #include <sqfs/xattr_writer.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstdlib>
-#include <cstring>
 #include <limits>
-#include <new>
+#include <optional>
 #include <utility>
 
+#include "image/libsquashfs_support.h"
 #include "util/errors.h"
 
 namespace sqbox {
 namespace {
-
-constexpr size_t kBlockSize = SQFS_DEFAULT_BLOCK_SIZE;  // 128 KiB
-constexpr size_t kDeviceBlockSize = SQFS_DEVBLK_SIZE;   // mksquashfs pads images to 4 KiB
-constexpr sqfs_u32 kNoXattrs = 0xFFFFFFFF;
-
-struct SqfsDestroyer {
-    void operator()(void* object) const { sqfs_destroy(object); }
-};
-template <typename T>
-using SqfsObject = std::unique_ptr<T, SqfsDestroyer>;
-
-void free_library_memory(void* memory) {
-    sqfs_free(memory);
-}
-void free_own_memory(void* memory) {
-    std::free(memory);
-}
-using InodePtr = std::unique_ptr<sqfs_inode_generic_t, void (*)(void*)>;
-
-const char* describe_sqfs_error(int code) {
-    switch (code) {
-        case SQFS_ERROR_ALLOC:
-            return "out of memory";
-        case SQFS_ERROR_IO:
-            return "input/output error";
-        case SQFS_ERROR_COMPRESSOR:
-            return "compressor failure";
-        case SQFS_ERROR_UNSUPPORTED:
-            return "unsupported by libsquashfs";
-        case SQFS_ERROR_OVERFLOW:
-            return "too large for squashfs";
-        case SQFS_ERROR_ARG_INVALID:
-            return "invalid argument";
-        case SQFS_ERROR_SEQUENCE:
-            return "libsquashfs calls out of sequence";
-        default:
-            return "libsquashfs error";
-    }
-}
-
-sqfs_u32 squashfs_time(int64_t seconds) {
-    return static_cast<sqfs_u32>(
-        std::clamp<int64_t>(seconds, 0, std::numeric_limits<sqfs_u32>::max()));
-}
-
-unsigned int worker_count() {
-    cpu_set_t cpus;
-    CPU_ZERO(&cpus);
-    if (::sched_getaffinity(0, sizeof cpus, &cpus) != 0) return 1;
-    return static_cast<unsigned int>(std::max(1, CPU_COUNT(&cpus)));
-}
 
 SQFS_COMPRESSOR library_compressor(SquashfsCompression compression) {
     switch (compression) {
@@ -96,6 +35,11 @@ SQFS_COMPRESSOR library_compressor(SquashfsCompression compression) {
             break;
     }
     return SQFS_COMP_ZSTD;
+}
+
+// zstd at level 6 takes a fraction of the default's (15) time; 0 keeps the others' defaults.
+int compression_level(SQFS_COMPRESSOR compressor) {
+    return compressor == SQFS_COMP_ZSTD ? 6 : 0;
 }
 
 }  // namespace
@@ -125,8 +69,7 @@ class SquashfsBuilder::Impl {
     void finish(SquashfsEntry& root);
 
   private:
-    void create_compressors(const SquashfsBuildOptions& options);
-    void create_block_processor();
+    sqfs_file_t* create_image_file(const std::string& output_path);
     void write_empty_files(SquashfsEntry& directory, const std::string& path);
     void count_links(SquashfsEntry& directory);
     void number_inodes(SquashfsEntry& directory);
@@ -136,7 +79,6 @@ class SquashfsBuilder::Impl {
                                   const std::string& path);
     static InodePtr make_other_inode(const SquashfsInode& node, const std::string& path);
     sqfs_u32 xattr_index(const SquashfsInode& node, const std::string& path);
-    void write_tables(const SquashfsInode& root);
     void check(int result, const std::string& operation) const;
 
     // Removes the image file it created unless the write completed (also when a constructor
@@ -156,106 +98,55 @@ class SquashfsBuilder::Impl {
     std::string context_;
     OutputGuard output_guard_;
     SqfsObject<sqfs_file_t> file_;
-    SqfsObject<sqfs_compressor_t> compressor_;
-    SqfsObject<sqfs_compressor_t> decompressor_;
-    sqfs_u32 block_flags_ = 0;
-    sqfs_super_t super_{};
-    SqfsObject<sqfs_block_writer_t> block_writer_;
-    SqfsObject<sqfs_frag_table_t> fragment_table_;
-    SqfsObject<sqfs_id_table_t> id_table_;
     SqfsObject<sqfs_xattr_writer_t> xattr_writer_;
-    SqfsObject<sqfs_meta_writer_t> inode_table_;
-    SqfsObject<sqfs_meta_writer_t> directory_table_;
-    SqfsObject<sqfs_dir_writer_t> directory_writer_;
-    // Last, so destroyed first: its workers stop before anything they write to goes away.
-    SqfsObject<sqfs_block_processor_t> block_processor_;
+    SquashfsWritePipeline pipeline_;
+    sqfs_u32 block_flags_ = 0;
     bool any_xattrs_ = false;
     sqfs_u32 inode_count_ = 0;
 };
 
 SquashfsBuilder::Impl::Impl(const std::string& output_path, const SquashfsBuildOptions& options)
-    : context_("writing squashfs image " + output_path) {
-    file_.reset(sqfs_open_file(output_path.c_str(), 0));  // no OVERWRITE flag: O_CREAT | O_EXCL
-    if (!file_) throw system_error(context_ + ": cannot create the image file");
-    output_guard_.path = output_path;
-    create_compressors(options);
-    check(sqfs_super_init(&super_, kBlockSize, 0, library_compressor(options.compression)),
-          "initializing the superblock");
-    check(sqfs_super_write(&super_, file_.get()), "writing the superblock");
-    int written = compressor_->write_options(compressor_.get(), file_.get());
-    if (written < 0) check(written, "writing the compressor options");
-    if (written > 0) super_.flags |= SQFS_FLAG_COMPRESSOR_OPTIONS;
+    : context_("writing squashfs image " + output_path),
+      file_(create_image_file(output_path)),
+      xattr_writer_(sqfs_xattr_writer_create(0)),
+      pipeline_(file_.get(), library_compressor(options.compression),
+                compression_level(library_compressor(options.compression)), context_) {
+    if (!xattr_writer_) throw Error(context_ + ": out of memory creating the table writers");
     if (options.compression == SquashfsCompression::none) {
         block_flags_ = SQFS_BLK_DONT_COMPRESS;
-        super_.flags |= SQFS_FLAG_UNCOMPRESSED_DATA | SQFS_FLAG_UNCOMPRESSED_FRAGMENTS;
+        pipeline_.super.flags |= SQFS_FLAG_UNCOMPRESSED_DATA | SQFS_FLAG_UNCOMPRESSED_FRAGMENTS;
     }
-    block_writer_.reset(sqfs_block_writer_create(file_.get(), kDeviceBlockSize, 0));
-    fragment_table_.reset(sqfs_frag_table_create(0));
-    id_table_.reset(sqfs_id_table_create(0));
-    xattr_writer_.reset(sqfs_xattr_writer_create(0));
-    inode_table_.reset(sqfs_meta_writer_create(file_.get(), compressor_.get(), 0));
-    directory_table_.reset(
-        sqfs_meta_writer_create(file_.get(), compressor_.get(), SQFS_META_WRITER_KEEP_IN_MEMORY));
-    if (!block_writer_ || !fragment_table_ || !id_table_ || !xattr_writer_ || !inode_table_ ||
-        !directory_table_) {
-        throw Error(context_ + ": out of memory creating the table writers");
-    }
-    directory_writer_.reset(
-        sqfs_dir_writer_create(directory_table_.get(), SQFS_DIR_WRITER_CREATE_EXPORT_TABLE));
-    if (!directory_writer_) throw Error(context_ + ": out of memory creating the directory writer");
-    create_block_processor();
 }
 
-void SquashfsBuilder::Impl::create_compressors(const SquashfsBuildOptions& options) {
-    sqfs_compressor_config_t config{};
-    const SQFS_COMPRESSOR id = library_compressor(options.compression);
-    check(sqfs_compressor_config_init(&config, id, kBlockSize, 0), "configuring the compressor");
-    if (id == SQFS_COMP_ZSTD) config.level = 6;  // a fraction of the default's (15) time
-    sqfs_compressor_t* compressor = nullptr;
-    check(sqfs_compressor_create(&config, &compressor), "creating the compressor");
-    compressor_.reset(compressor);
-    config.flags |= SQFS_COMP_FLAG_UNCOMPRESS;
-    sqfs_compressor_t* decompressor = nullptr;
-    check(sqfs_compressor_create(&config, &decompressor), "creating the decompressor");
-    decompressor_.reset(decompressor);
-}
-
-void SquashfsBuilder::Impl::create_block_processor() {
-    unsigned int workers = worker_count();
-    sqfs_block_processor_desc_t description{};
-    description.size = sizeof description;
-    description.max_block_size = kBlockSize;
-    description.num_workers = workers;
-    description.max_backlog = 10 * workers;
-    description.cmp = compressor_.get();
-    description.wr = block_writer_.get();
-    description.tbl = fragment_table_.get();
-    description.file = file_.get();
-    description.uncmp = decompressor_.get();
-    sqfs_block_processor_t* processor = nullptr;
-    check(sqfs_block_processor_create_ex(&description, &processor),
-          "creating the data block processor");
-    block_processor_.reset(processor);
+// Sets the guard only once the file is ours: a file that was there before is never removed.
+sqfs_file_t* SquashfsBuilder::Impl::create_image_file(const std::string& output_path) {
+    sqfs_file_t* file = sqfs_open_file(output_path.c_str(), 0);  // no OVERWRITE: O_CREAT | O_EXCL
+    if (file == nullptr) throw system_error(context_ + ": cannot create the image file");
+    output_guard_.path = output_path;
+    return file;
 }
 
 void SquashfsBuilder::Impl::begin_file(SquashfsInode& inode) {
     if (inode.file_inode != nullptr) throw Error(context_ + ": a file's data written twice");
-    check(sqfs_block_processor_begin_file(block_processor_.get(), &inode.file_inode, nullptr,
-                                          block_flags_),
+    check(sqfs_block_processor_begin_file(pipeline_.block_processor.get(), &inode.file_inode,
+                                          nullptr, block_flags_),
           "starting a file's data");
 }
 
 void SquashfsBuilder::Impl::append(const void* data, size_t size) {
-    check(sqfs_block_processor_append(block_processor_.get(), data, size), "packing file data");
+    check(sqfs_block_processor_append(pipeline_.block_processor.get(), data, size),
+          "packing file data");
 }
 
 void SquashfsBuilder::Impl::end_file() {
-    check(sqfs_block_processor_end_file(block_processor_.get()), "finishing a file's data");
+    check(sqfs_block_processor_end_file(pipeline_.block_processor.get()),
+          "finishing a file's data");
 }
 
 void SquashfsBuilder::Impl::finish(SquashfsEntry& root) {
     write_empty_files(root, "");
-    check(sqfs_block_processor_finish(block_processor_.get()), "writing the last data blocks");
+    check(sqfs_block_processor_finish(pipeline_.block_processor.get()),
+          "writing the last data blocks");
     root.inode->link_count = 1;
     count_links(root);
     number_inodes(root);
@@ -263,14 +154,16 @@ void SquashfsBuilder::Impl::finish(SquashfsEntry& root) {
         throw Error(context_ + ": too many files for squashfs");
     }
     root.inode->inode_number = ++inode_count_;
-    super_.inode_count = inode_count_;
-    super_.modification_time = squashfs_time(root.inode->mtime);
-    super_.inode_table_start = file_->get_size(file_.get());
+    pipeline_.super.inode_count = inode_count_;
+    pipeline_.super.modification_time = squashfs_time(root.inode->mtime);
+    pipeline_.super.inode_table_start = file_->get_size(file_.get());
     write_inodes_below(root, "");
     // As mksquashfs does: the root's ".." points one past the last inode, never at inode 0.
     write_inode(root, inode_count_ + 1, "/");
-    super_.root_inode_ref = root.inode->inode_ref;
-    write_tables(*root.inode);
+    pipeline_.super.root_inode_ref = root.inode->inode_ref;
+    if (!any_xattrs_) pipeline_.super.flags |= SQFS_FLAG_NO_XATTRS;
+    pipeline_.write_tables(root.inode->inode_number, root.inode->inode_ref,
+                           any_xattrs_ ? xattr_writer_.get() : nullptr);
     output_guard_.complete = true;
 }
 
@@ -348,13 +241,7 @@ void SquashfsBuilder::Impl::write_inode(SquashfsEntry& entry, sqfs_u32 parent_nu
     inode->base.inode_number = node.inode_number;
     const std::string what = "writing the inode of " + path;
     check(sqfs_inode_set_xattr_index(inode.get(), xattr_index(node, path)), what);
-    check(sqfs_id_table_id_to_index(id_table_.get(), node.uid, &inode->base.uid_idx), what);
-    check(sqfs_id_table_id_to_index(id_table_.get(), node.gid, &inode->base.gid_idx), what);
-    sqfs_u64 block = 0;
-    sqfs_u32 offset = 0;
-    sqfs_meta_writer_get_position(inode_table_.get(), &block, &offset);
-    node.inode_ref = (block << 16) | offset;
-    check(sqfs_meta_writer_write_inode(inode_table_.get(), inode.get()), what);
+    node.inode_ref = pipeline_.write_inode(*inode, node.uid, node.gid, what);
     node.written = true;
 }
 
@@ -376,7 +263,7 @@ InodePtr SquashfsBuilder::Impl::make_directory_inode(const SquashfsEntry& direct
                                                      sqfs_u32 parent_number,
                                                      const std::string& path) {
     const std::string what = "writing directory " + path;
-    sqfs_dir_writer_t* writer = directory_writer_.get();
+    sqfs_dir_writer_t* writer = pipeline_.directory_writer.get();
     check(sqfs_dir_writer_begin(writer, 0), what);
     sqfs_u32 subdirectories = 0;
     for (const auto& [name, child] : directory.children) {
@@ -386,95 +273,26 @@ InodePtr SquashfsBuilder::Impl::make_directory_inode(const SquashfsEntry& direct
               what);
         if (S_ISDIR(inode.mode)) ++subdirectories;
     }
-    check(sqfs_dir_writer_end(writer), what);
-    InodePtr inode(sqfs_dir_writer_create_inode(writer, 0, kNoXattrs, parent_number),
-                   &free_library_memory);
-    if (!inode) throw Error(context_ + ": out of memory " + what);
-    sqfs_u32 links = 2 + subdirectories;  // POSIX: "." and each subdirectory's ".."
-    if (inode->base.type == SQFS_INODE_DIR) {
-        inode->data.dir.nlink = links;
-    } else {
-        inode->data.dir_ext.nlink = links;
-    }
-    return inode;
+    return pipeline_.finish_directory_inode(parent_number, subdirectories, what);
 }
 
 InodePtr SquashfsBuilder::Impl::make_other_inode(const SquashfsInode& node,
                                                  const std::string& path) {
-    const size_t target_size = node.link_target.size();
-    void* memory = std::calloc(1, sizeof(sqfs_inode_generic_t) + target_size);
-    if (memory == nullptr) throw std::bad_alloc();
-    InodePtr inode(static_cast<sqfs_inode_generic_t*>(memory), &free_own_memory);
-    const sqfs_u32 links = std::max<sqfs_u32>(node.link_count, 1);
-    switch (node.mode & S_IFMT) {
-        case S_IFLNK:
-            inode->base.type = SQFS_INODE_SLINK;
-            inode->data.slink.nlink = links;
-            inode->data.slink.target_size = static_cast<sqfs_u32>(target_size);
-            inode->payload_bytes_available = static_cast<sqfs_u32>(target_size);
-            inode->payload_bytes_used = static_cast<sqfs_u32>(target_size);
-            std::memcpy(inode->extra, node.link_target.data(), target_size);
-            break;
-        case S_IFCHR:
-        case S_IFBLK: {
-            // The kernel's new_decode_dev(): minor bits 0-7 and 20-31, major bits 8-19.
-            if (node.device_major > 0xfff || node.device_minor > 0xfffff) {
-                throw Error("device number of " + path + " does not fit in squashfs");
-            }
-            inode->base.type = S_ISCHR(node.mode) ? SQFS_INODE_CDEV : SQFS_INODE_BDEV;
-            inode->data.dev.nlink = links;
-            inode->data.dev.devno = (node.device_minor & 0xffU) | (node.device_major << 8) |
-                                    ((node.device_minor & ~0xffU) << 12);
-            break;
-        }
-        case S_IFIFO:
-        case S_IFSOCK:
-            inode->base.type = S_ISFIFO(node.mode) ? SQFS_INODE_FIFO : SQFS_INODE_SOCKET;
-            inode->data.ipc.nlink = links;
-            break;
-        default:
-            throw Error(path + " has an unknown file type");
+    sqfs_u32 device_number = 0;
+    if (S_ISCHR(node.mode) || S_ISBLK(node.mode)) {
+        const std::optional<sqfs_u32> encoded =
+            squashfs_device_number(node.device_major, node.device_minor);
+        if (!encoded) throw Error("device number of " + path + " does not fit in squashfs");
+        device_number = *encoded;
     }
+    InodePtr inode = make_special_inode(node.mode, node.link_target, device_number,
+                                        std::max<sqfs_u32>(node.link_count, 1));
+    if (!inode) throw Error(path + " has an unknown file type");
     return inode;
 }
 
-void SquashfsBuilder::Impl::write_tables(const SquashfsInode& root) {
-    check(sqfs_meta_writer_flush(inode_table_.get()), "writing the inode table");
-    check(sqfs_meta_writer_flush(directory_table_.get()), "writing the directory table");
-    super_.directory_table_start = file_->get_size(file_.get());
-    check(sqfs_meta_write_write_to_file(directory_table_.get()), "writing the directory table");
-    check(sqfs_frag_table_write(fragment_table_.get(), file_.get(), &super_, compressor_.get()),
-          "writing the fragment table");
-    check(
-        sqfs_dir_writer_write_export_table(directory_writer_.get(), file_.get(), compressor_.get(),
-                                           root.inode_number, root.inode_ref, &super_),
-        "writing the export table");
-    check(sqfs_id_table_write(id_table_.get(), file_.get(), &super_, compressor_.get()),
-          "writing the ID table");
-    if (any_xattrs_) {
-        check(sqfs_xattr_writer_flush(xattr_writer_.get(), file_.get(), &super_, compressor_.get()),
-              "writing the extended attribute table");
-    } else {
-        super_.flags |= SQFS_FLAG_NO_XATTRS;
-    }
-    super_.bytes_used = file_->get_size(file_.get());
-    check(sqfs_super_write(&super_, file_.get()), "writing the superblock");
-    const sqfs_u64 size = super_.bytes_used;
-    const size_t remainder = size % kDeviceBlockSize;
-    if (remainder != 0) {
-        std::vector<std::byte> zeros(kDeviceBlockSize - remainder);
-        check(file_->write_at(file_.get(), size, zeros.data(), zeros.size()), "padding the image");
-    }
-}
-
 void SquashfsBuilder::Impl::check(int result, const std::string& operation) const {
-    if (result == 0) return;
-    const int saved_errno = errno;
-    std::string message = context_ + ": " + operation + ": " + describe_sqfs_error(result);
-    if (result == SQFS_ERROR_IO && saved_errno != 0) {
-        message += std::string(" (") + std::strerror(saved_errno) + ")";
-    }
-    throw Error(message, result == SQFS_ERROR_IO ? saved_errno : 0);
+    pipeline_.check(result, operation);
 }
 
 SquashfsBuilder::SquashfsBuilder(const std::string& output_path,

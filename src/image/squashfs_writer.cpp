@@ -7,18 +7,10 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/openat2.h>
-#include <sched.h>
 #include <sqfs/block_processor.h>
-#include <sqfs/block_writer.h>
-#include <sqfs/compressor.h>
 #include <sqfs/dir_writer.h>
-#include <sqfs/error.h>
-#include <sqfs/frag_table.h>
-#include <sqfs/id_table.h>
 #include <sqfs/inode.h>
 #include <sqfs/io.h>
-#include <sqfs/meta_writer.h>
-#include <sqfs/super.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
@@ -26,39 +18,20 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <limits>
 #include <memory>
-#include <new>
+#include <optional>
 #include <utility>
 
+#include "image/libsquashfs_support.h"
 #include "util/errors.h"
 #include "util/files.h"
 #include "util/unique_fd.h"
 
 namespace sqbox {
 namespace {
-
-constexpr size_t kBlockSize = SQFS_DEFAULT_BLOCK_SIZE;  // 128 KiB
-constexpr size_t kDeviceBlockSize = SQFS_DEVBLK_SIZE;   // mksquashfs pads images to 4 KiB
-constexpr sqfs_u32 kNoXattrs = 0xFFFFFFFF;
-
-struct SqfsDestroyer {
-    void operator()(void* object) const { sqfs_destroy(object); }
-};
-template <typename T>
-using SqfsObject = std::unique_ptr<T, SqfsDestroyer>;
-
-// Inodes come from libsquashfs (released with sqfs_free) or from here (released with free).
-void free_library_memory(void* memory) {
-    sqfs_free(memory);
-}
-void free_own_memory(void* memory) {
-    std::free(memory);
-}
-using InodePtr = std::unique_ptr<sqfs_inode_generic_t, void (*)(void*)>;
 
 struct DirCloser {
     // closedir() errors on a stream we own cannot be acted upon; the descriptor is gone either way.
@@ -89,45 +62,6 @@ struct Node {
     sqfs_u32 inode_number = 0;
     sqfs_u64 inode_ref = 0;  // position in the inode table, known once the inode is written
 };
-
-const char* describe_sqfs_error(int code) {
-    switch (code) {
-        case SQFS_ERROR_ALLOC:
-            return "out of memory";
-        case SQFS_ERROR_IO:
-            return "input/output error";
-        case SQFS_ERROR_COMPRESSOR:
-            return "compressor failure";
-        case SQFS_ERROR_INTERNAL:
-            return "internal libsquashfs error";
-        case SQFS_ERROR_UNSUPPORTED:
-            return "unsupported by libsquashfs";
-        case SQFS_ERROR_OVERFLOW:
-            return "too large for squashfs";
-        case SQFS_ERROR_OUT_OF_BOUNDS:
-            return "out of bounds";
-        case SQFS_ERROR_ARG_INVALID:
-            return "invalid argument";
-        case SQFS_ERROR_SEQUENCE:
-            return "libsquashfs calls out of sequence";
-        default:
-            return "libsquashfs error";
-    }
-}
-
-// squashfs stores unsigned 32-bit seconds.
-sqfs_u32 squashfs_time(time_t seconds) {
-    return static_cast<sqfs_u32>(
-        std::clamp<time_t>(seconds, 0, std::numeric_limits<sqfs_u32>::max()));
-}
-
-// Threads the compressor may use: the CPUs this process may run on.
-unsigned int worker_count() {
-    cpu_set_t cpus;
-    CPU_ZERO(&cpus);
-    if (::sched_getaffinity(0, sizeof cpus, &cpus) != 0) return 1;
-    return static_cast<unsigned int>(std::max(1, CPU_COUNT(&cpus)));
-}
 
 // For messages only: the directory's path if /proc can tell it.
 std::string describe_directory(int directory_fd) {
@@ -182,12 +116,6 @@ class ImageWriter {
     [[nodiscard]] const SquashfsWriteSummary& summary() const { return summary_; }
 
   private:
-    // Setup, in the order the objects depend on each other.
-    void create_compressors();
-    void reserve_superblock();
-    void create_table_writers();
-    void create_block_processor();
-
     // Walking the source tree; file data is packed on the way.
     Node& scan_directory(UniqueFd fd, const struct stat& st, const std::string& name,
                          const std::string& path);
@@ -209,9 +137,7 @@ class ImageWriter {
     void write_inodes_below(Node& directory);
     void write_inode(Node& node, sqfs_u32 parent_number);
     InodePtr make_directory_inode(const Node& directory, sqfs_u32 parent_number);
-    InodePtr make_other_inode(const Node& node) const;
-    void write_tables();
-    void pad_to_device_block();
+    static InodePtr make_other_inode(const Node& node);
 
     void check(int result, const std::string& operation) const;
     [[nodiscard]] Error source_error(const std::string& operation, const std::string& path) const;
@@ -221,21 +147,12 @@ class ImageWriter {
     std::string context_;  // "writing squashfs image <path>", the start of every message
     std::string source_;   // the top directory, for messages
     OutputFile output_;
-    SqfsObject<sqfs_compressor_t> compressor_;
-    SqfsObject<sqfs_compressor_t> decompressor_;  // reads fragments back to deduplicate them
-    sqfs_super_t super_{};
-    SqfsObject<sqfs_block_writer_t> block_writer_;
-    SqfsObject<sqfs_frag_table_t> fragment_table_;
-    SqfsObject<sqfs_id_table_t> id_table_;
-    SqfsObject<sqfs_meta_writer_t> inode_table_;
-    SqfsObject<sqfs_meta_writer_t> directory_table_;
-    SqfsObject<sqfs_dir_writer_t> directory_writer_;
     // Every node, owned here from its creation on and never moved (a deque does not relocate),
-    // and declared before the block processor so that it outlives it: the processor holds
+    // and declared before the pipeline so that it outlives the block processor, which holds
     // pointers into the file nodes.
     std::deque<Node> nodes_;
     Node* root_ = nullptr;
-    SqfsObject<sqfs_block_processor_t> block_processor_;
+    SquashfsWritePipeline pipeline_;
     std::vector<std::byte> read_buffer_;
     sqfs_u32 inode_count_ = 0;
     SquashfsWriteSummary summary_;
@@ -247,68 +164,8 @@ ImageWriter::ImageWriter(const std::string& output_path, const SquashfsWriteOpti
       context_("writing squashfs image " + output_path),
       source_(std::move(source)),
       output_(output_path, context_),
-      read_buffer_(kBlockSize) {
-    create_compressors();
-    reserve_superblock();
-    create_table_writers();
-    create_block_processor();
-}
-
-void ImageWriter::create_compressors() {
-    sqfs_compressor_config_t config{};
-    check(sqfs_compressor_config_init(&config, SQFS_COMP_GZIP, kBlockSize, 0),
-          "configuring the gzip compressor");
-    sqfs_compressor_t* compressor = nullptr;
-    check(sqfs_compressor_create(&config, &compressor), "creating the gzip compressor");
-    compressor_.reset(compressor);
-    config.flags |= SQFS_COMP_FLAG_UNCOMPRESS;
-    sqfs_compressor_t* decompressor = nullptr;
-    check(sqfs_compressor_create(&config, &decompressor), "creating the gzip decompressor");
-    decompressor_.reset(decompressor);
-}
-
-void ImageWriter::reserve_superblock() {
-    check(sqfs_super_init(&super_, kBlockSize, 0, SQFS_COMP_GZIP), "initializing the superblock");
-    // A placeholder: the final superblock, written last, points at the tables that follow the data.
-    check(sqfs_super_write(&super_, output_.get()), "writing the superblock");
-    int written = compressor_->write_options(compressor_.get(), output_.get());
-    if (written < 0) check(written, "writing the compressor options");
-    if (written > 0) super_.flags |= SQFS_FLAG_COMPRESSOR_OPTIONS;
-}
-
-void ImageWriter::create_table_writers() {
-    block_writer_.reset(sqfs_block_writer_create(output_.get(), kDeviceBlockSize, 0));
-    fragment_table_.reset(sqfs_frag_table_create(0));
-    id_table_.reset(sqfs_id_table_create(0));
-    inode_table_.reset(sqfs_meta_writer_create(output_.get(), compressor_.get(), 0));
-    // The directory table goes after the inode table, so it is collected in memory meanwhile.
-    directory_table_.reset(
-        sqfs_meta_writer_create(output_.get(), compressor_.get(), SQFS_META_WRITER_KEEP_IN_MEMORY));
-    if (!block_writer_ || !fragment_table_ || !id_table_ || !inode_table_ || !directory_table_) {
-        throw Error(context_ + ": out of memory creating the table writers");
-    }
-    directory_writer_.reset(
-        sqfs_dir_writer_create(directory_table_.get(), SQFS_DIR_WRITER_CREATE_EXPORT_TABLE));
-    if (!directory_writer_) throw Error(context_ + ": out of memory creating the directory writer");
-}
-
-void ImageWriter::create_block_processor() {
-    unsigned int workers = worker_count();
-    sqfs_block_processor_desc_t description{};
-    description.size = sizeof description;
-    description.max_block_size = kBlockSize;
-    description.num_workers = workers;
-    description.max_backlog = 10 * workers;  // gensquashfs's default: keeps every worker busy
-    description.cmp = compressor_.get();
-    description.wr = block_writer_.get();
-    description.tbl = fragment_table_.get();
-    description.file = output_.get();
-    description.uncmp = decompressor_.get();
-    sqfs_block_processor_t* processor = nullptr;
-    check(sqfs_block_processor_create_ex(&description, &processor),
-          "creating the data block processor");
-    block_processor_.reset(processor);
-}
+      pipeline_(output_.get(), SQFS_COMP_GZIP, 0, context_),
+      read_buffer_(kBlockSize) {}
 
 void ImageWriter::write(int directory_fd) {
     UniqueFd top(::openat(directory_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
@@ -316,21 +173,22 @@ void ImageWriter::write(int directory_fd) {
     struct stat st {};
     if (::fstat(top.get(), &st) != 0) throw source_error("cannot stat", "");
     root_ = &scan_directory(std::move(top), st, "", "");
-    check(sqfs_block_processor_finish(block_processor_.get()), "writing the last data blocks");
+    check(sqfs_block_processor_finish(pipeline_.block_processor.get()),
+          "writing the last data blocks");
 
     number_inodes(*root_);
     if (inode_count_ == std::numeric_limits<sqfs_u32>::max()) {
         throw Error(context_ + ": too many files for squashfs");
     }
     root_->inode_number = ++inode_count_;
-    super_.inode_count = inode_count_;
-    super_.modification_time = root_->mtime;
-    super_.inode_table_start = output_.size();
+    pipeline_.super.inode_count = inode_count_;
+    pipeline_.super.modification_time = root_->mtime;
+    pipeline_.super.inode_table_start = output_.size();
     write_inodes_below(*root_);
     // As mksquashfs does: the root's ".." points one past the last inode, never at inode 0.
     write_inode(*root_, inode_count_ + 1);
-    super_.root_inode_ref = root_->inode_ref;
-    write_tables();
+    pipeline_.super.root_inode_ref = root_->inode_ref;
+    pipeline_.write_tables(root_->inode_number, root_->inode_ref, nullptr);
     output_.mark_complete();
 }
 
@@ -432,7 +290,7 @@ Node& ImageWriter::scan_file(UniqueFd fd, const struct stat& st, const std::stri
         node.mode = static_cast<sqfs_u16>(node.mode & ~kSetId);
         summary_.setid_dropped.push_back(path);
     }
-    sqfs_block_processor_t* processor = block_processor_.get();
+    sqfs_block_processor_t* processor = pipeline_.block_processor.get();
     check(sqfs_block_processor_begin_file(processor, &node.file_inode, nullptr, 0),
           "starting the data of " + source_path(path));
     for (;;) {
@@ -503,17 +361,16 @@ std::string ImageWriter::read_link_target(int parent_fd, const std::string& name
     }
 }
 
-// squashfs device numbers are read by the kernel's new_decode_dev(): minor bits 0-7 and 20-31,
-// major bits 8-19.
 sqfs_u32 ImageWriter::device_number(dev_t device, const std::string& path) const {
     unsigned int major_number = major(device);
     unsigned int minor_number = minor(device);
-    if (major_number > 0xfff || minor_number > 0xfffff) {
+    const std::optional<sqfs_u32> encoded = squashfs_device_number(major_number, minor_number);
+    if (!encoded) {
         throw Error(context_ + ": " + source_path(path) + ": device number " +
                     std::to_string(major_number) + ":" + std::to_string(minor_number) +
                     " does not fit in squashfs");
     }
-    return (minor_number & 0xffU) | (major_number << 8) | ((minor_number & ~0xffU) << 12);
+    return *encoded;
 }
 
 // Numbers a directory's children consecutively (small deltas keep directory headers few),
@@ -552,18 +409,12 @@ void ImageWriter::write_inode(Node& node, sqfs_u32 parent_number) {
     inode->base.mod_time = node.mtime;
     inode->base.inode_number = node.inode_number;
     const std::string what = "writing the inode of " + (node.name.empty() ? "/" : node.name);
-    check(sqfs_id_table_id_to_index(id_table_.get(), node.uid, &inode->base.uid_idx), what);
-    check(sqfs_id_table_id_to_index(id_table_.get(), node.gid, &inode->base.gid_idx), what);
-    sqfs_u64 block = 0;
-    sqfs_u32 offset = 0;
-    sqfs_meta_writer_get_position(inode_table_.get(), &block, &offset);
-    node.inode_ref = (block << 16) | offset;
-    check(sqfs_meta_writer_write_inode(inode_table_.get(), inode.get()), what);
+    node.inode_ref = pipeline_.write_inode(*inode, node.uid, node.gid, what);
 }
 
 InodePtr ImageWriter::make_directory_inode(const Node& directory, sqfs_u32 parent_number) {
     const std::string what = "writing directory " + (directory.name.empty() ? "/" : directory.name);
-    sqfs_dir_writer_t* writer = directory_writer_.get();
+    sqfs_dir_writer_t* writer = pipeline_.directory_writer.get();
     check(sqfs_dir_writer_begin(writer, 0), what);
     sqfs_u32 subdirectories = 0;
     for (const Node* child : directory.children) {
@@ -572,87 +423,19 @@ InodePtr ImageWriter::make_directory_inode(const Node& directory, sqfs_u32 paren
               what);
         if (child->is_directory()) ++subdirectories;
     }
-    check(sqfs_dir_writer_end(writer), what);
-    InodePtr inode(sqfs_dir_writer_create_inode(writer, 0, kNoXattrs, parent_number),
-                   &free_library_memory);
-    if (!inode) throw Error(context_ + ": out of memory " + what);
-    // The library counts every entry; POSIX counts "." and each subdirectory's "..".
-    sqfs_u32 links = 2 + subdirectories;
-    if (inode->base.type == SQFS_INODE_DIR) {
-        inode->data.dir.nlink = links;
-    } else {
-        inode->data.dir_ext.nlink = links;
-    }
-    return inode;
+    return pipeline_.finish_directory_inode(parent_number, subdirectories, what);
 }
 
 // Symlinks, devices, FIFOs and sockets.
-InodePtr ImageWriter::make_other_inode(const Node& node) const {
-    const size_t target_size = node.link_target.size();
-    // malloc-family memory: the inode ends in a flexible array member sized at run time.
-    void* memory = std::calloc(1, sizeof(sqfs_inode_generic_t) + target_size);
-    if (memory == nullptr) throw std::bad_alloc();
-    InodePtr inode(static_cast<sqfs_inode_generic_t*>(memory), &free_own_memory);
-    switch (node.mode & S_IFMT) {
-        case S_IFLNK:
-            inode->base.type = SQFS_INODE_SLINK;
-            inode->data.slink.nlink = 1;
-            inode->data.slink.target_size = static_cast<sqfs_u32>(target_size);
-            inode->payload_bytes_available = static_cast<sqfs_u32>(target_size);
-            inode->payload_bytes_used = static_cast<sqfs_u32>(target_size);
-            std::memcpy(inode->extra, node.link_target.data(), target_size);
-            break;
-        case S_IFCHR:
-        case S_IFBLK:
-            inode->base.type = S_ISCHR(node.mode) ? SQFS_INODE_CDEV : SQFS_INODE_BDEV;
-            inode->data.dev.nlink = 1;
-            inode->data.dev.devno = node.device_number;
-            break;
-        default:
-            inode->base.type = S_ISFIFO(node.mode) ? SQFS_INODE_FIFO : SQFS_INODE_SOCKET;
-            inode->data.ipc.nlink = 1;
-            break;
-    }
+InodePtr ImageWriter::make_other_inode(const Node& node) {
+    InodePtr inode = make_special_inode(node.mode, node.link_target, node.device_number, 1);
+    // scan_entry already refused every other type.
+    if (!inode) throw Error("unexpected file type of " + (node.name.empty() ? "/" : node.name));
     return inode;
 }
 
-void ImageWriter::write_tables() {
-    check(sqfs_meta_writer_flush(inode_table_.get()), "writing the inode table");
-    check(sqfs_meta_writer_flush(directory_table_.get()), "writing the directory table");
-    super_.directory_table_start = output_.size();
-    check(sqfs_meta_write_write_to_file(directory_table_.get()), "writing the directory table");
-    check(sqfs_frag_table_write(fragment_table_.get(), output_.get(), &super_, compressor_.get()),
-          "writing the fragment table");
-    check(sqfs_dir_writer_write_export_table(directory_writer_.get(), output_.get(),
-                                             compressor_.get(), root_->inode_number,
-                                             root_->inode_ref, &super_),
-          "writing the export table");
-    check(sqfs_id_table_write(id_table_.get(), output_.get(), &super_, compressor_.get()),
-          "writing the ID table");
-    super_.bytes_used = output_.size();
-    check(sqfs_super_write(&super_, output_.get()), "writing the superblock");
-    pad_to_device_block();
-}
-
-// Loop devices and block-based tools expect whole 4 KiB blocks; bytes_used excludes the padding.
-void ImageWriter::pad_to_device_block() {
-    const sqfs_u64 size = output_.size();
-    const size_t remainder = size % kDeviceBlockSize;
-    if (remainder == 0) return;
-    std::vector<std::byte> zeros(kDeviceBlockSize - remainder);
-    check(output_.get()->write_at(output_.get(), size, zeros.data(), zeros.size()),
-          "padding the image");
-}
-
 void ImageWriter::check(int result, const std::string& operation) const {
-    if (result == 0) return;
-    const int saved_errno = errno;
-    std::string message = context_ + ": " + operation + ": " + describe_sqfs_error(result);
-    // Only the I/O code comes from a failed system call whose errno is still meaningful.
-    if (result == SQFS_ERROR_IO && saved_errno != 0) {
-        message += std::string(" (") + std::strerror(saved_errno) + ")";
-    }
-    throw Error(message, result == SQFS_ERROR_IO ? saved_errno : 0);
+    pipeline_.check(result, operation);
 }
 
 Error ImageWriter::source_error(const std::string& operation, const std::string& path) const {
