@@ -23,6 +23,7 @@
 #include "image/fstab.h"
 #include "image/fstab_mounts.h"
 #include "image/image_source.h"
+#include "runtime/sandbox_user.h"
 #include "sqbox/sandbox.h"
 #include "util/errors.h"
 #include "util/files.h"
@@ -440,8 +441,7 @@ int enroot_export(const std::vector<std::string>& args, EnrootSettings settings)
     config.persistent_layer = info.layer;
     config.read_only_root = true;
     config.map_root = true;  // the image's own owners read as themselves (all end up root)
-    config.outside_uid = ::geteuid();
-    config.outside_gid = ::getegid();
+    set_caller_identity(config);
     config.export_image_path = output;
     config.command = {"export"};
     ContainerLock lock(*container, false, kLockWaitSeconds);
@@ -513,8 +513,7 @@ int enroot_start(const std::vector<std::string>& args, EnrootSettings settings) 
     config.login_shell = settings.login_shell;
     config.map_root = settings.remap_root;
     config.read_only_root = !settings.rootfs_writable;
-    config.outside_uid = ::geteuid();
-    config.outside_gid = ::getegid();
+    set_caller_identity(config);
     config.substitution_environment = caller_environment();
     // enroot's login starts in HOME; sqbox's HOME for root is /root, for others /tmp.
     config.workdir = config.map_root ? "/root" : "/";

@@ -8,6 +8,7 @@
 
 #include "cli/result_json.h"
 #include "config/config_validation.h"
+#include "runtime/sandbox_user.h"
 #include "sqbox/sandbox.h"
 #include "util/errors.h"
 #include "warm_up/warm_up.h"
@@ -57,7 +58,7 @@ CLI::App* add_run_subcommand(CLI::App& app, RunArguments& args) {
     run->add_option("--cpus", args.cpus, "CPU share, e.g. 1.5 (cgroup cpu.max; needs a cgroup)")
         ->type_name("N");
     run->add_option("--fsize", args.fsize,
-                    "largest file the payload may write (RLIMIT_FSIZE; default 1G; or unlimited)")
+                    "largest file the payload may write (RLIMIT_FSIZE; default unlimited)")
         ->type_name("SIZE");
     run->add_option("--nofile", args.nofile, "open file limit (RLIMIT_NOFILE; default 4096)")
         ->type_name("N");
@@ -172,8 +173,7 @@ RunOptions build_run_options(const RunArguments& args) {
     if (!args.output_limit.empty()) {
         config.output_limit_bytes = validate::output_limit(args.output_limit, "--output-limit");
     }
-    config.outside_uid = ::geteuid();
-    config.outside_gid = ::getegid();
+    set_caller_identity(config);
     options.json_path = args.json;
     return options;
 }

@@ -133,7 +133,7 @@ def test_default_limits_are_applied_and_recorded(box, tmp_path):
     limits = res["limits"]
     data = json.loads(record.read_text())
     defaults = {"pids": (512, "Max processes"), "memory": (4 << 30, "Max address space"),
-                "open_files": (4096, "Max open files"), "file_size": (1 << 30, "Max file size")}
+                "open_files": (4096, "Max open files")}
     for name, (value, rlimit_name) in defaults.items():
         entry = data["limits"][name]
         assert entry["value"] == value and type(entry["value"]) is int, (name, entry)
@@ -142,6 +142,8 @@ def test_default_limits_are_applied_and_recorded(box, tmp_path):
         else:
             assert entry["enforced_by"].startswith("cgroup"), (name, entry)
     assert limits["Max core file size"] == ["0", "0"], limits
+    assert limits["Max file size"] == ["unlimited"] * 2, limits
+    assert data["limits"]["file_size"] == {"value": None, "enforced_by": "none"}, data
     assert data["oom_killed"] is False, data
 
 

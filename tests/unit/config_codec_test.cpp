@@ -53,6 +53,8 @@ SandboxConfig config_with_every_field_set() {
     config.tty = true;
     config.outside_uid = 1234;
     config.outside_gid = 5678;
+    config.outside_user_name = "alice";
+    config.outside_group_name = "staff";
     config.entrypoint = SandboxConfig::Entrypoint::kEnrootRc;
     config.rc_script = "exec \"$@\"\n";
     config.login_shell = false;
