@@ -44,7 +44,7 @@ SandboxConfig config_with_every_field_set() {
     config.limits.memory_bytes = std::nullopt;
     config.limits.processes = 7;
     config.limits.cpu_seconds = 9;
-    config.limits.file_size_bytes = std::nullopt;
+    config.limits.file_size_bytes = 12345;
     config.limits.open_files = 99;
     config.limits.cpus = 0.5;
     config.cgroup_parent = "/sys/fs/cgroup/x";
