@@ -20,11 +20,27 @@ void set_optional(int resource, const std::optional<uint64_t>& value, const char
     if (value) set_limit(resource, *value, *value, option);
 }
 
+// --memory without a cgroup bounds each process. What a process allocates for itself (heap,
+// private writable mappings, stacks) is RLIMIT_DATA; the address space is bounded too (it also
+// counts shared mappings), but looser: capping it at the memory limit would also cap mappings
+// that cost nothing (a sparse file mapped whole, PROT_NONE reservations of allocators and
+// runtimes, which CPython's own tests make).
+constexpr uint64_t kAddressSpacePerMemory = 4;
+
+void limit_memory(const std::optional<uint64_t>& memory_bytes) {
+    if (!memory_bytes) return;
+    set_limit(RLIMIT_DATA, *memory_bytes, *memory_bytes, "--memory");
+    const uint64_t address_space = *memory_bytes > RLIM_INFINITY / kAddressSpacePerMemory
+                                       ? RLIM_INFINITY
+                                       : *memory_bytes * kAddressSpacePerMemory;
+    set_limit(RLIMIT_AS, address_space, address_space, "--memory");
+}
+
 }  // namespace
 
 void apply_resource_limits(const ResourceLimits& limits) {
     set_limit(RLIMIT_CORE, 0, 0, "core dump");
-    set_optional(RLIMIT_AS, limits.memory_bytes, "--memory");
+    limit_memory(limits.memory_bytes);
     set_optional(RLIMIT_NPROC, limits.processes, "--pids");
     set_optional(RLIMIT_FSIZE, limits.file_size_bytes, "--fsize");
     set_optional(RLIMIT_NOFILE, limits.open_files, "--nofile");

@@ -82,7 +82,7 @@ def test_oom_kill_is_reported_as_such(sqbox, python_image, tmp_path):
     probe, data = run_with_record(sqbox, python_image, tmp_path, "true")
     if data["limits"]["memory"]["enforced_by"] == "rlimit":
         pytest.skip("needs a cgroup memory controller (root, or --cgroup with a delegated "
-                    "cgroup v2); this user gets RLIMIT_AS, which fails allocations instead")
+                    "cgroup v2); this user gets RLIMIT_DATA, which fails allocations instead")
     script = "x = []\nwhile True: x.append(bytearray(16 << 20))"
     result, data = run_with_record(sqbox, python_image, tmp_path, "python3", "-c", script,
                                    options=["--memory", "128M"])
