@@ -50,7 +50,8 @@ CLI::App* add_run_subcommand(CLI::App& app, RunArguments& args) {
     run->add_option("--cpu-time", args.cpu_time, "CPU time limit (RLIMIT_CPU)")
         ->type_name("SECONDS");
     run->add_option("--memory", args.memory,
-                    "memory limit: cgroup memory.max, else RLIMIT_DATA per process (default 4G; or unlimited)")
+                    "memory limit: cgroup memory.max, else RLIMIT_DATA per process (default 4G; or "
+                    "unlimited)")
         ->type_name("SIZE");
     run->add_option("--pids", args.pids,
                     "process limit: cgroup pids.max, else RLIMIT_NPROC (default 512; or unlimited)")

@@ -145,7 +145,7 @@ EnvironmentEntries build_payload_environment(const SandboxConfig& config,
                                              const std::string& image_environment) {
     const SandboxUser user = sandbox_user(config);
     EnvironmentEntries env = {
-        {"PATH", kDefaultPayloadPath}, {"HOME", user.home},   {"USER", user.name},
+        {"PATH", kDefaultPayloadPath}, {"HOME", user.home}, {"USER", user.name},
         {"LOGNAME", user.name},        {"TERM", "xterm"},
     };
     // enroot substitutes from the caller's environment; sqbox run only from the sandbox's own.

@@ -34,7 +34,8 @@ LineKey key_of(std::string_view line) {
     if (name_end == std::string_view::npos) return key;
     const size_t id_start = line.find(':', name_end + 1);
     if (id_start == std::string_view::npos) return key;
-    const std::string_view id = line.substr(id_start + 1, line.find(':', id_start + 1) - id_start - 1);
+    const std::string_view id =
+        line.substr(id_start + 1, line.find(':', id_start + 1) - id_start - 1);
     if (id.empty() || id.size() > 10 ||
         !std::all_of(id.begin(), id.end(), [](char c) { return c >= '0' && c <= '9'; })) {
         return key;
@@ -177,9 +178,9 @@ std::string merged_passwd(std::string_view image_passwd, const SandboxUser& user
     const std::string uid = std::to_string(user.uid);
     const std::string gid = std::to_string(user.gid);
     const std::string overflow = std::to_string(kOverflowId);
-    const Entry own{user.name, user.uid,
-                    user.name + ":x:" + uid + ":" + gid + ":" + user.name + ":" + user.home + ":" +
-                        user.shell};
+    const Entry own{
+        user.name, user.uid,
+        user.name + ":x:" + uid + ":" + gid + ":" + user.name + ":" + user.home + ":" + user.shell};
     return merge_accounts(
         image_passwd, own,
         {{"root", 0, std::string("root:x:0:0:root:/root:") + kDefaultShell},
@@ -189,9 +190,8 @@ std::string merged_passwd(std::string_view image_passwd, const SandboxUser& user
 
 std::string merged_group(std::string_view image_group, const SandboxUser& user) {
     const Entry own{user.group, user.gid, user.group + ":x:" + std::to_string(user.gid) + ":"};
-    return merge_accounts(
-        image_group, own,
-        {{"root", 0, "root:x:0:"}, {"nogroup", kOverflowId, "nogroup:x:65534:"}});
+    return merge_accounts(image_group, own,
+                          {{"root", 0, "root:x:0:"}, {"nogroup", kOverflowId, "nogroup:x:65534:"}});
 }
 
 AccountFiles sandbox_account_files(int root_fd, const SandboxConfig& config) {
