@@ -2,6 +2,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <string>
 
 #include "util/errors.h"
@@ -27,13 +28,24 @@ void set_optional(int resource, const std::optional<uint64_t>& value, const char
 // runtimes, which CPython's own tests make).
 constexpr uint64_t kAddressSpacePerMemory = 4;
 
+// Sets `resource` to `value`, or to the hard limit the caller already has if that is lower (a
+// limit derived from --memory may exceed what the caller may raise it to).
+void set_at_most(int resource, uint64_t value, const char* option) {
+    rlimit current{};
+    if (::getrlimit(resource, &current) != 0) {
+        throw system_error(std::string("cannot read the current ") + option + " limit");
+    }
+    const rlim_t limit = std::min<rlim_t>(value, current.rlim_max);
+    set_limit(resource, limit, limit, option);
+}
+
 void limit_memory(const std::optional<uint64_t>& memory_bytes) {
     if (!memory_bytes) return;
-    set_limit(RLIMIT_DATA, *memory_bytes, *memory_bytes, "--memory");
+    set_at_most(RLIMIT_DATA, *memory_bytes, "--memory");
     const uint64_t address_space = *memory_bytes > RLIM_INFINITY / kAddressSpacePerMemory
                                        ? RLIM_INFINITY
                                        : *memory_bytes * kAddressSpacePerMemory;
-    set_limit(RLIMIT_AS, address_space, address_space, "--memory");
+    set_at_most(RLIMIT_AS, address_space, "--memory");
 }
 
 }  // namespace
