@@ -63,12 +63,13 @@ struct MountSpec {
 // they keep a 2-core, 24 GiB machine responsive); nullopt means unlimited. Memory, processes
 // and CPU share go to a cgroup when sqbox has one (see cgroup_parent), otherwise to rlimits.
 struct ResourceLimits {
-    std::optional<uint64_t> memory_bytes = 4 * kGiB;     // --memory
-    std::optional<uint64_t> processes = 512;             // --pids
-    std::optional<uint64_t> cpu_seconds;                 // --cpu-time (RLIMIT_CPU)
-    std::optional<uint64_t> file_size_bytes = 1 * kGiB;  // --fsize (RLIMIT_FSIZE)
-    std::optional<uint64_t> open_files = 4096;           // --nofile (RLIMIT_NOFILE)
-    std::optional<double> cpus;                          // --cpus (cgroup cpu.max only)
+    std::optional<uint64_t> memory_bytes = 4 * kGiB;  // --memory
+    std::optional<uint64_t> processes = 512;          // --pids
+    std::optional<uint64_t> cpu_seconds;              // --cpu-time (RLIMIT_CPU)
+    // None by default: writes land in the size-capped tmpfs (docs/run.md, "Sizes and limits").
+    std::optional<uint64_t> file_size_bytes;    // --fsize (RLIMIT_FSIZE)
+    std::optional<uint64_t> open_files = 4096;  // --nofile (RLIMIT_NOFILE)
+    std::optional<double> cpus;                 // --cpus (cgroup cpu.max only)
 
     friend bool operator==(const ResourceLimits&, const ResourceLimits&) = default;
 };
@@ -122,6 +123,10 @@ struct SandboxConfig {
     // Identity of the caller outside, mapped into the sandbox's user namespace.
     uid_t outside_uid = 0;
     gid_t outside_gid = 0;
+    // The caller's login and primary group names on the host, which the sandbox user takes when
+    // they are portable account names; empty: a fallback name (runtime/sandbox_user.h).
+    std::string outside_user_name;
+    std::string outside_group_name;
 
     // How the command starts: directly (execvp), or as enroot starts a container: the image's
     // /etc/rc (or rc_script) run by its shell with the command as arguments.

@@ -88,7 +88,7 @@ SQBOX_JSON_FIELDS(SandboxConfig, image, command, mounts, image_fstab, environmen
                   substitution_environment, workdir, workdir_optional, hostname, map_root,
                   read_only_root, persistent_layer, tmpfs_size_bytes, timeout_seconds, limits,
                   cgroup_parent, seccomp_profile, output_limit_bytes, tty, outside_uid, outside_gid,
-                  entrypoint, rc_script, login_shell, export_image_path, warm_up_directory,
-                  use_warm_up_list, learn_warm_up, verbose);
+                  outside_user_name, outside_group_name, entrypoint, rc_script, login_shell,
+                  export_image_path, warm_up_directory, use_warm_up_list, learn_warm_up, verbose);
 
 }  // namespace sqbox

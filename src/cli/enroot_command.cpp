@@ -25,6 +25,7 @@
 #include "image/fstab_mounts.h"
 #include "image/image_source.h"
 #include "import/image_import.h"
+#include "runtime/sandbox_user.h"
 #include "sqbox/sandbox.h"
 #include "util/errors.h"
 #include "util/files.h"
@@ -472,8 +473,7 @@ int enroot_export(const std::vector<std::string>& args, EnrootSettings settings)
     config.persistent_layer = info.layer;
     config.read_only_root = true;
     config.map_root = true;  // the image's own owners read as themselves (all end up root)
-    config.outside_uid = ::geteuid();
-    config.outside_gid = ::getegid();
+    set_caller_identity(config);
     config.export_image_path = output;
     config.command = {"export"};
     ContainerLock lock(*container, false, kLockWaitSeconds);
@@ -547,8 +547,7 @@ int enroot_start(const std::vector<std::string>& args, EnrootSettings settings) 
     config.read_only_root = !settings.rootfs_writable;
     config.output_limit_bytes = settings.output_limit;
     config.tmpfs_size_bytes = settings.writable_bytes;
-    config.outside_uid = ::geteuid();
-    config.outside_gid = ::getegid();
+    set_caller_identity(config);
     config.substitution_environment = caller_environment();
     // enroot's login starts in HOME; sqbox's HOME for root is /root, for others /tmp.
     config.workdir = config.map_root ? "/root" : "/";

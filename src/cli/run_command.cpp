@@ -8,6 +8,7 @@
 
 #include "cli/result_json.h"
 #include "config/config_validation.h"
+#include "runtime/sandbox_user.h"
 #include "sqbox/sandbox.h"
 #include "util/errors.h"
 #include "warm_up/warm_up.h"
@@ -50,7 +51,8 @@ CLI::App* add_run_subcommand(CLI::App& app, RunArguments& args) {
     run->add_option("--cpu-time", args.cpu_time, "CPU time limit (RLIMIT_CPU)")
         ->type_name("SECONDS");
     run->add_option("--memory", args.memory,
-                    "memory limit: cgroup memory.max, else RLIMIT_AS (default 4G; or unlimited)")
+                    "memory limit: cgroup memory.max, else RLIMIT_DATA per process (default 4G; or "
+                    "unlimited)")
         ->type_name("SIZE");
     run->add_option("--pids", args.pids,
                     "process limit: cgroup pids.max, else RLIMIT_NPROC (default 512; or unlimited)")
@@ -58,7 +60,7 @@ CLI::App* add_run_subcommand(CLI::App& app, RunArguments& args) {
     run->add_option("--cpus", args.cpus, "CPU share, e.g. 1.5 (cgroup cpu.max; needs a cgroup)")
         ->type_name("N");
     run->add_option("--fsize", args.fsize,
-                    "largest file the payload may write (RLIMIT_FSIZE; default 1G; or unlimited)")
+                    "largest file the payload may write (RLIMIT_FSIZE; default unlimited)")
         ->type_name("SIZE");
     run->add_option("--nofile", args.nofile, "open file limit (RLIMIT_NOFILE; default 4096)")
         ->type_name("N");
@@ -175,8 +177,7 @@ RunOptions build_run_options(const RunArguments& args) {
         config.output_limit_bytes =
             validate::output_limit_or_unlimited(args.output_limit, "--output-limit");
     }
-    config.outside_uid = ::geteuid();
-    config.outside_gid = ::getegid();
+    set_caller_identity(config);
     options.json_path = args.json;
     return options;
 }

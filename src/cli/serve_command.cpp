@@ -41,7 +41,7 @@ CLI::App* add_serve_subcommand(CLI::App& app, ServeArguments& args) {
     serve->add_option("--memory", args.memory, "default memory limit of a sandbox (default 4G)")
         ->type_name("SIZE");
     serve->add_option("--pids", args.pids, "default process limit (default 512)")->type_name("N");
-    serve->add_option("--fsize", args.fsize, "largest file a payload may write (default 1G)")
+    serve->add_option("--fsize", args.fsize, "largest file a payload may write (default unlimited)")
         ->type_name("SIZE");
     serve->add_option("--nofile", args.nofile, "open file limit (default 4096)")->type_name("N");
     serve->add_option("--cgroup", args.cgroup, "delegated cgroup v2 directory for the sandboxes")

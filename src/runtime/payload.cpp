@@ -15,6 +15,7 @@
 
 #include "runtime/enroot_entrypoint.h"
 #include "runtime/limits.h"
+#include "runtime/sandbox_user.h"
 #include "runtime/stage_report.h"
 #include "runtime/terminal.h"
 #include "security/capabilities.h"
@@ -151,10 +152,10 @@ void exec_command(const SandboxPlan& plan, int status_fd, int rc_fd) {
 
 EnvironmentEntries build_payload_environment(const SandboxConfig& config,
                                              const std::string& image_environment) {
+    const SandboxUser user = sandbox_user(config);
     EnvironmentEntries env = {
-        {"PATH", kDefaultPayloadPath},
-        {"HOME", config.map_root ? "/root" : "/tmp"},
-        {"TERM", "xterm"},
+        {"PATH", kDefaultPayloadPath}, {"HOME", user.home}, {"USER", user.name},
+        {"LOGNAME", user.name},        {"TERM", "xterm"},
     };
     // enroot substitutes from the caller's environment; sqbox run only from the sandbox's own.
     const EnvironmentEntries& variables =

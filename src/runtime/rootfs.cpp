@@ -18,6 +18,7 @@
 #include "runtime/proc_masks.h"
 #include "runtime/rooted_path.h"
 #include "runtime/stage_report.h"
+#include "runtime/sandbox_user.h"
 #include "util/errors.h"
 #include "util/files.h"
 
@@ -217,6 +218,15 @@ std::vector<GeneratedFile> generated_etc_files(const SandboxConfig& config) {
             {"resolv.conf", "# sqbox: no network but loopback in this sandbox\n"}};
 }
 
+// /etc/passwd and /etc/group with the sandbox user's entries (runtime/sandbox_user.h), from the
+// image's files in the root at `root`.
+void add_account_files(std::vector<GeneratedFile>& files, const SandboxConfig& config,
+                       const std::string& root) {
+    AccountFiles accounts = sandbox_account_files(open_directory(root).get(), config);
+    files.push_back({"passwd", std::move(accounts.passwd)});
+    files.push_back({"group", std::move(accounts.group)});
+}
+
 // Writes the generated files straight into the throwaway upper layer, before the overlay is
 // mounted: the merged /etc then shows them over the image's, as if they had been written
 // through the overlay, without copying the image's /etc up (which asks the image server for
@@ -397,8 +407,14 @@ PreparedRoot mount_root_layers(const SandboxConfig& config) {
 }
 
 PreparedRoot assemble_rootfs(const SandboxConfig& config) {
-    const std::vector<GeneratedFile> etc_files = generated_etc_files(config);
+    std::vector<GeneratedFile> etc_files = generated_etc_files(config);
+    // The sandbox user's accounts merge the image's files: read from the image, so that they can
+    // be seeded into a throwaway layer, or from a container's layers once they are mounted.
+    if (config.persistent_layer.empty()) add_account_files(etc_files, config, kImageDir);
     PreparedRoot prepared = mount_layers(config, etc_files);
+    if (!config.persistent_layer.empty()) {
+        add_account_files(etc_files, config, std::string(kSandboxDir) + "/root");
+    }
     const bool persistent = !config.persistent_layer.empty() && !config.read_only_root;
     const int root = prepared.root.get();
     const bool create = prepared.writable;

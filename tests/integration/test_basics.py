@@ -1,6 +1,7 @@
 """sqbox run: running commands, exit statuses, stdio, environment, results."""
 import json
 import os
+import pwd
 import signal
 import subprocess
 import time
@@ -67,7 +68,12 @@ def test_environment_is_clean(sqbox, python_image):
     assert seen["SQBOX_TEST_COPY"] == "copied"
     assert seen["LANG"] == "C.UTF-8"  # from the image's /etc/environment
     assert seen["PATH"].startswith("/usr/local/sbin:")
-    assert set(seen) <= {"PATH", "HOME", "TERM", "LANG", "EXPLICIT", "SQBOX_TEST_COPY", "PWD", "LC_CTYPE"}
+    # The sandbox user's name (docs/run.md, "The sandbox user"), not taken from the caller's
+    # environment.
+    name = "root" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
+    assert seen["USER"] == seen["LOGNAME"] == name, seen
+    assert set(seen) <= {"PATH", "HOME", "USER", "LOGNAME", "TERM", "LANG", "EXPLICIT",
+                         "SQBOX_TEST_COPY", "PWD", "LC_CTYPE"}
 
 
 def test_env_overrides_image_environment(sqbox, python_image):

@@ -268,7 +268,7 @@ GENERATED_ETC = {
     "resolv.conf": "# sqbox: no network but loopback in this sandbox\n",
 }
 SHOW_ETC = ("for f in hostname hosts resolv.conf; do cat /etc/$f; done; echo ==;"
-            "cat /etc/passwd | md5sum; ls -a /etc | md5sum; stat -c '%a %u' /etc; echo ==;")
+            "cat /etc/fstab | md5sum; ls -a /etc | md5sum; stat -c '%a %u' /etc; echo ==;")
 
 
 def _etc_variant_image(tmp_path, busybox_image, variant):
@@ -280,7 +280,7 @@ def _etc_variant_image(tmp_path, busybox_image, variant):
     if variant == "symlinks":  # the image's files are symlinks: replaced, never followed
         for name in GENERATED_ETC:
             (etc / name).unlink(missing_ok=True)
-            os.symlink("passwd" if name == "hosts" else "/etc/group", etc / name)
+            os.symlink("fstab" if name == "hosts" else "/etc/environment", etc / name)
     elif variant == "missing":
         for name in GENERATED_ETC:
             (etc / name).unlink(missing_ok=True)
@@ -306,14 +306,16 @@ def test_generated_etc_files_replace_the_images(sqbox, busybox_image, tmp_path, 
     assert result.returncode == 0, result.stderr
     generated, listing, changed = result.stdout.split("==\n")
     assert generated == expected_generated
-    passwd_md5, names_md5, etc_mode = listing.splitlines()
-    assert passwd_md5.split()[0] == hashlib.md5((real_etc / "passwd").read_bytes()).hexdigest()
+    # (/etc/passwd and /etc/group are the image's merged with the sandbox user's entries:
+    # tests/python/test_sandbox_user.py.)
+    fstab_md5, names_md5, etc_mode = listing.splitlines()
+    assert fstab_md5.split()[0] == hashlib.md5((real_etc / "fstab").read_bytes()).hexdigest()
     names = sorted({".", "..", *os.listdir(real_etc), *GENERATED_ETC})
     assert names_md5.split()[0] == hashlib.md5(("\n".join(names) + "\n").encode()).hexdigest()
     assert etc_mode == f"{real_etc.stat().st_mode & 0o7777:o} {os.geteuid()}"
     assert changed == "more\nsandbox\n2\n"
     # The image's own files (what the symlinks point at) are untouched.
-    unchanged = sqbox.run(str(image), "sh", "-c", "md5sum /etc/passwd /etc/group")
+    unchanged = sqbox.run(str(image), "sh", "-c", "md5sum /etc/fstab /etc/environment")
     assert unchanged.returncode == 0, unchanged.stderr
     for line in unchanged.stdout.splitlines():
         digest, path = line.split()

@@ -132,21 +132,21 @@ def test_a_rewritten_image_or_a_new_list_gets_a_new_tree(sqbox, busybox_image, t
     shutil.copyfile(busybox_image, image)
     env = cache_env(tmp_path)
     path = list_path(sqbox, str(image), env)
-    write_list(path, [("R", "/etc/passwd")])
-    made = sqbox.run(str(image), "cat", "/etc/passwd", options=["--verbose"], env=env)
+    write_list(path, [("R", "/etc/fstab")])
+    made = sqbox.run(str(image), "cat", "/etc/fstab", options=["--verbose"], env=env)
     assert made.returncode == 0, made.stderr
     files, was_made, tree = unpacked(made.stderr)
     assert (files, was_made) == (1, True), made.stderr
-    assert (tree / "etc" / "passwd").read_text() == made.stdout
+    assert (tree / "etc" / "fstab").read_text() == made.stdout
 
     os.utime(image)  # the image file rewritten in place: new times
     again = sqbox.run(str(image), "true", options=["--verbose"], env=env)
     assert unpacked(again.stderr) == (1, True, tree), again.stderr
 
-    write_list(path, [("R", "/etc/passwd"), ("R", "/etc/group"), ("L", "/etc/nothing")])
-    listed = sqbox.run(str(image), "cat", "/etc/group", options=["--verbose"], env=env)
+    write_list(path, [("R", "/etc/fstab"), ("R", "/etc/environment"), ("L", "/etc/nothing")])
+    listed = sqbox.run(str(image), "cat", "/etc/environment", options=["--verbose"], env=env)
     assert unpacked(listed.stderr) == (2, True, tree), listed.stderr
-    assert (tree / "etc" / "group").read_text() == listed.stdout
+    assert (tree / "etc" / "environment").read_text() == listed.stdout
     assert sorted(os.listdir(tree.parent.parent)) == [".lock", path.name, tree.parent.name]
 
 
@@ -155,7 +155,7 @@ def test_learning_runs_and_no_warm_up_runs_unpack_nothing(sqbox, busybox_image, 
     leaves the list, and so its files, alone."""
     env = cache_env(tmp_path)
     path = list_path(sqbox, busybox_image, env)
-    write_list(path, [("R", "/etc/passwd")])
+    write_list(path, [("R", "/etc/fstab")])
     for options in (["--learn-warm-up"], ["--no-warm-up"]):
         result = sqbox.run(busybox_image, "true", options=options + ["--verbose"], env=env)
         assert result.returncode == 0, result.stderr
@@ -202,17 +202,17 @@ def test_a_tree_left_half_made_by_a_killed_run_is_cleared(sqbox, busybox_image, 
     KEY.files.old); the next run that makes the tree removes them, whatever they hold."""
     env = cache_env(tmp_path)
     path = list_path(sqbox, busybox_image, env)
-    write_list(path, [("R", "/etc/passwd")])
+    write_list(path, [("R", "/etc/fstab")])
     for leftover in (".files.tmp", ".files.old"):
         stale = path.parent / (path.name + leftover)
         (stale / "tree" / "etc").mkdir(parents=True)
-        (stale / "tree" / "etc" / "passwd").write_text("stale\n")
+        (stale / "tree" / "etc" / "fstab").write_text("stale\n")
         (stale / "tree" / "etc").chmod(0o555)
-    result = sqbox.run(busybox_image, "cat", "/etc/passwd", options=["--verbose"], env=env)
+    result = sqbox.run(busybox_image, "cat", "/etc/fstab", options=["--verbose"], env=env)
     assert result.returncode == 0 and "stale" not in result.stdout, result.stderr
     files, made, tree = unpacked(result.stderr)
     assert (files, made) == (1, True), result.stderr
-    assert (tree / "etc" / "passwd").read_text() == result.stdout
+    assert (tree / "etc" / "fstab").read_text() == result.stdout
     assert sorted(os.listdir(path.parent)) == [".lock", path.name, path.name + ".files"]
 
 
@@ -253,7 +253,7 @@ def test_the_payload_gets_no_descriptor_of_the_unpacked_files(sqbox, busybox_ima
     opens to list)."""
     env = cache_env(tmp_path)
     path = list_path(sqbox, busybox_image, env)
-    write_list(path, [("R", "/bin/busybox"), ("R", "/etc/passwd")])
+    write_list(path, [("R", "/bin/busybox"), ("R", "/etc/fstab")])
     result = sqbox.run(busybox_image, "ls", "-l", "/proc/self/fd/", options=["--verbose"],
                        env=env)
     assert result.returncode == 0, result.stderr

@@ -323,7 +323,7 @@ def test_an_images_own_list_unpacks_only_its_files_and_only_into_the_cache(box, 
     os.symlink(str(host_sentinel.file.parent), sbin / "planted-directory")
     names = ["/usr/local/sbin/planted", "/usr/local/sbin/planted-absolute",
              "/usr/local/sbin/planted-relative", "/usr/local/sbin/planted-directory/secret.txt",
-             "/oldroot" + host, host, "/etc/passwd", "/usr/local/sbin/../../../etc/group"]
+             "/oldroot" + host, host, "/etc/fstab", "/usr/local/sbin/../../../etc/group"]
     (rootfs / "etc" / "sqbox").mkdir()
     (rootfs / "etc" / "sqbox" / "warm-up").write_bytes(
         b"sqbox-warm-up 1\n" + b"".join(b"R" + name.encode() + b"\0" for name in names))
@@ -335,14 +335,14 @@ def test_an_images_own_list_unpacks_only_its_files_and_only_into_the_cache(box, 
     sentinel_before = sorted(os.listdir(host_sentinel.dir))
     watch = _OpenWatch(host_sentinel.file)
     directory_watch = _OpenWatch(host_sentinel.file.parent)
-    result = box.run(str(image), "cat", "/etc/passwd", options=["--verbose"], env=env)
-    assert result.returncode == 0 and "root:" in result.stdout, result.stderr
+    result = box.run(str(image), "cat", "/etc/fstab", options=["--verbose"], env=env)
+    assert result.returncode == 0 and "No extra mounts" in result.stdout, result.stderr
     found = re.search(r"warm-up: 1 files \(\d+ bytes\) unpacked in (\S+)", result.stderr)
     assert found, result.stderr
     tree = Path(found.group(1))
     assert tree.parent.parent == cache / "warm-up"
-    assert sorted(str(p.relative_to(tree)) for p in tree.rglob("*")) == ["etc", "etc/passwd"]
-    assert (tree / "etc" / "passwd").read_text() == result.stdout
+    assert sorted(str(p.relative_to(tree)) for p in tree.rglob("*")) == ["etc", "etc/fstab"]
+    assert (tree / "etc" / "fstab").read_text() == result.stdout
     assert sorted(str(p.relative_to(cache)) for p in cache.rglob("*")
                   if tree not in p.parents) == sorted(
         ["warm-up", "warm-up/.lock", f"warm-up/{tree.parent.name}",

@@ -81,9 +81,10 @@ def _memory_available():
 
 
 def test_default_memory_limit_stops_a_bomb(box, tmp_path):
-    """Without --memory the documented default (4 GiB) holds. As an address-space limit:
-    reserving 256 MiB at a time fails with ENOMEM before 4 GiB (nothing is touched). As a
-    cgroup limit: writing 256 MiB at a time ends in an OOM kill before 4.5 GiB."""
+    """Without --memory the documented default (4 GiB) holds. As rlimits: reserving private
+    memory 256 MiB at a time fails with ENOMEM before 4 GiB (RLIMIT_DATA), shared memory before
+    16 GiB (RLIMIT_AS; nothing is touched). As a cgroup limit: writing 256 MiB at a time ends in
+    an OOM kill before 4.5 GiB."""
     record = tmp_path / "r.json"
     probe = box.sh("true", options=["--json", str(record)])
     assert probe.returncode == 0, probe.stderr
@@ -92,17 +93,21 @@ def test_default_memory_limit_stops_a_bomb(box, tmp_path):
     if memory["enforced_by"] == "rlimit":
         result, res = box.py_results("""
             import mmap
-            maps = []
-            try:
-                while len(maps) < 64:  # 16 GiB at most
-                    maps.append(mmap.mmap(-1, 256 << 20))
-            except OSError as e:
-                finish(maps=len(maps), error=ename(e.errno))
-            else:
-                finish(maps=len(maps), error=None)
+            counts = {}
+            for kind, flags in (("private", mmap.MAP_PRIVATE), ("shared", mmap.MAP_SHARED)):
+                maps = []
+                try:
+                    while len(maps) < 80:  # 20 GiB at most
+                        maps.append(mmap.mmap(-1, 256 << 20, flags=flags | mmap.MAP_ANONYMOUS))
+                except OSError as e:
+                    counts[kind] = [len(maps), ename(e.errno)]
+                else:
+                    counts[kind] = [len(maps), None]
+                del maps
+            finish(**counts)
         """)
-        assert res["error"] == "ENOMEM", res
-        assert res["maps"] < 16, res
+        assert res["private"][1] == "ENOMEM" and res["private"][0] < 16, res
+        assert res["shared"][1] == "ENOMEM" and res["shared"][0] < 64, res
         return
     assert memory["enforced_by"].startswith("cgroup"), memory
     if _memory_available() < 6 << 30:
@@ -132,8 +137,8 @@ def test_default_limits_are_applied_and_recorded(box, tmp_path):
     """, options=["--json", str(record)])
     limits = res["limits"]
     data = json.loads(record.read_text())
-    defaults = {"pids": (512, "Max processes"), "memory": (4 << 30, "Max address space"),
-                "open_files": (4096, "Max open files"), "file_size": (1 << 30, "Max file size")}
+    defaults = {"pids": (512, "Max processes"), "memory": (4 << 30, "Max data size"),
+                "open_files": (4096, "Max open files")}
     for name, (value, rlimit_name) in defaults.items():
         entry = data["limits"][name]
         assert entry["value"] == value and type(entry["value"]) is int, (name, entry)
@@ -142,6 +147,11 @@ def test_default_limits_are_applied_and_recorded(box, tmp_path):
         else:
             assert entry["enforced_by"].startswith("cgroup"), (name, entry)
     assert limits["Max core file size"] == ["0", "0"], limits
+    if data["limits"]["memory"]["enforced_by"] == "rlimit":
+        # The address space is bounded too, looser (docs/run.md, "Sizes and limits").
+        assert limits["Max address space"] == [str(16 << 30)] * 2, limits
+    assert limits["Max file size"] == ["unlimited"] * 2, limits
+    assert data["limits"]["file_size"] == {"value": None, "enforced_by": "none"}, data
     assert data["oom_killed"] is False, data
 
 

@@ -44,7 +44,7 @@ SandboxConfig config_with_every_field_set() {
     config.limits.memory_bytes = std::nullopt;
     config.limits.processes = 7;
     config.limits.cpu_seconds = 9;
-    config.limits.file_size_bytes = std::nullopt;
+    config.limits.file_size_bytes = 12345;
     config.limits.open_files = 99;
     config.limits.cpus = 0.5;
     config.cgroup_parent = "/sys/fs/cgroup/x";
@@ -53,6 +53,8 @@ SandboxConfig config_with_every_field_set() {
     config.tty = true;
     config.outside_uid = 1234;
     config.outside_gid = 5678;
+    config.outside_user_name = "alice";
+    config.outside_group_name = "staff";
     config.entrypoint = SandboxConfig::Entrypoint::kEnrootRc;
     config.rc_script = "exec \"$@\"\n";
     config.login_shell = false;
