@@ -200,6 +200,9 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
     const auto start = static_cast<uint64_t>(offset);
     const uint64_t file_size = inode.xtra.reg.file_size;
     const uint64_t wanted = start < file_size ? std::min<uint64_t>(size, file_size - start) : 0;
+    // Recorded before the answer: once the payload has its bytes its sandbox may end, and the
+    // supervisor then stops this server, which must not lose the record to that race.
+    if (g_recorder != nullptr) record_first_read(ino);
     if (!reply_from_stored_blocks(req, &ll->fs, &inode, start, wanted)) {
         std::vector<char>& buffer = read_buffer();
         if (buffer.size() < size) buffer.resize(size);
@@ -211,7 +214,6 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
         fuse_reply_buf(req, buffer.data(), static_cast<size_t>(length));
     }
     if (g_prefetcher != nullptr) g_prefetcher->file_read(ino, file_size, start + wanted);
-    if (g_recorder != nullptr) record_first_read(ino);
 }
 
 void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
@@ -251,8 +253,8 @@ void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
         fuse_reply_err(req, EIO);
         return;
     }
+    if (g_recorder != nullptr && offset == 0) record_first_listing(ino);  // before: see op_read
     fuse_reply_buf(req, buffer.data(), used);
-    if (g_recorder != nullptr && offset == 0) record_first_listing(ino);
 }
 
 void op_readlink(fuse_req_t req, fuse_ino_t ino) {
