@@ -7,12 +7,15 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <system_error>
 #include <vector>
 
 #include "import/image_import.h"
+#include "import/layer_reader.h"
 #include "import/sha256.h"
 #include "util/errors.h"
 #include "util/files.h"
@@ -93,7 +96,8 @@ class DirectoryStore : public BlobStore {
     explicit DirectoryStore(std::filesystem::path directory) : directory_(std::move(directory)) {}
     std::optional<Blob> find(const std::string& name) override {
         std::filesystem::path file = directory_ / name;
-        UniqueFd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY));
+        // O_NONBLOCK: a FIFO in the layout must not hang the import (it is refused below).
+        UniqueFd fd(::open(file.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
         if (!fd) {
             if (errno == ENOENT) return std::nullopt;
             throw system_error("cannot open " + file.string());
@@ -165,6 +169,14 @@ ArchiveStore::ArchiveStore(const std::filesystem::path& archive_file,
         const char* message = archive_error_string(reader);
         throw Error(what + ": " + (message != nullptr ? message : "not a tar archive"));
     }
+    // A compressed archive may expand only as far as a layer may (layer_reader.h): a small
+    // archive must not fill the disk beside the output before anything is checked.
+    struct stat archive_stat {};
+    if (::fstat(fd.get(), &archive_stat) != 0) throw system_error("cannot stat " + what);
+    const uint64_t budget =
+        std::max<uint64_t>(static_cast<uint64_t>(archive_stat.st_size), kCopyBlockBytes) *
+        kMaxExpansionRatio;
+    uint64_t copied = 0;
     std::vector<char> buffer(kCopyBlockBytes);
     for (size_t number = 0;; ++number) {
         struct archive_entry* entry = nullptr;
@@ -199,6 +211,11 @@ ArchiveStore::ArchiveStore(const std::filesystem::path& archive_file,
             const la_ssize_t count = archive_read_data(reader, buffer.data(), buffer.size());
             if (count < 0) throw Error(what + ": " + name + ": " + archive_error_string(reader));
             if (count == 0) break;
+            copied += static_cast<uint64_t>(count);
+            if (copied > budget) {
+                throw Error(what + ": decompresses to more than " +
+                            std::to_string(kMaxExpansionRatio) + " times its size; refused");
+            }
             hash.update(buffer.data(), static_cast<size_t>(count));
             if (!write_all(out.get(), buffer.data(), static_cast<size_t>(count))) {
                 throw system_error("cannot write " + file.string());

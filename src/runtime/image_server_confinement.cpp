@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <seccomp.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -18,6 +19,7 @@
 #include "util/errors.h"
 #include "util/process.h"
 #include "util/unique_fd.h"
+#include "warm_up/warm_up.h"
 
 namespace sqbox {
 namespace {
@@ -55,7 +57,6 @@ constexpr const char* kServingSyscalls[] = {
     "newfstatat",
     "lseek",
     "brk",
-    "mmap",
     "munmap",
     "mremap",
     "mprotect",
@@ -146,7 +147,15 @@ void enter_empty_root() {
 void limit_memory() {
     const rlimit data{kImageServerDataLimitBytes, kImageServerDataLimitBytes};
     const rlimit none{0, 0};
-    if (::setrlimit(RLIMIT_DATA, &data) != 0 || ::setrlimit(RLIMIT_CORE, &none) != 0) {
+    // A learning run's record memfd is the one file it writes: no more than a record holds (the
+    // launcher reads it whole), else SIGXFSZ ends it.
+    const rlimit record{kMaxLearningRecordBytes + kMaxWarmUpPathBytes + 2,
+                        kMaxLearningRecordBytes + kMaxWarmUpPathBytes + 2};
+    // Its read-ahead thread is started now; a hijacked server must not start thousands more (the
+    // count is the caller's processes in this user namespace; not enforced for the host's root).
+    const rlimit threads{kImageServerMaxProcesses, kImageServerMaxProcesses};
+    if (::setrlimit(RLIMIT_DATA, &data) != 0 || ::setrlimit(RLIMIT_CORE, &none) != 0 ||
+        ::setrlimit(RLIMIT_FSIZE, &record) != 0 || ::setrlimit(RLIMIT_NPROC, &threads) != 0) {
         throw system_error("cannot limit the image server's memory");
     }
 }
@@ -156,6 +165,10 @@ void limit_memory() {
 void install_image_server_filter() {
     SeccompFilter filter;
     for (const char* name : kServingSyscalls) filter.add(SCMP_ACT_ALLOW, name);
+    // Private mappings only: shared memory is outside RLIMIT_DATA, so a hijacked server could
+    // hold the host's memory with it (MAP_SHARED_VALIDATE has the same bit).
+    filter.add(SCMP_ACT_ALLOW, "mmap",
+               {SCMP_A3(SCMP_CMP_MASKED_EQ, static_cast<uint64_t>(MAP_SHARED), 0)});
     // Threads only (the read-ahead thread): no process. clone3's flags are in memory the filter
     // cannot read, so it fails and glibc falls back to clone.
     filter.add(SCMP_ACT_ALLOW, "clone", {SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_THREAD, CLONE_THREAD)});

@@ -13,6 +13,8 @@ namespace sqbox {
 // an image of a million files needs some 300 MiB of paths; above that, a cache that big is
 // hostile.
 inline constexpr uint64_t kImageServerDataLimitBytes = uint64_t{1} << 30;
+// RLIMIT_NPROC of the image server: it needs one thread besides its own.
+inline constexpr uint64_t kImageServerMaxProcesses = 1024;
 
 // In the image server, right after the fork, before it answers any request; single-threaded
 // (the threads it starts later inherit all of it). After this the process
@@ -22,7 +24,8 @@ inline constexpr uint64_t kImageServerDataLimitBytes = uint64_t{1} << 30;
 //  - holds only `keep_fds` (the image, /dev/fuse, a learning run's record) and /dev/null as
 //    stdin, stdout and stderr (libfuse's and glibc's messages go nowhere);
 //  - has no capability in any set, the bounding set empty, securebits locked, no_new_privs;
-//  - may use kImageServerDataLimitBytes of memory, dumps no core;
+//  - may use kImageServerDataLimitBytes of private memory and no shared memory, write no file
+//    beyond a learning record's size, start kImageServerMaxProcesses threads, dumps no core;
 //  - may make only the system calls of serving (install_image_server_filter).
 // Throws Error with the step that failed.
 void confine_image_server(const std::vector<int>& keep_fds);

@@ -97,7 +97,7 @@ std::string merge_accounts(std::string_view image, const Entry& own,
 // The image's file at `path` (relative to `root_fd`), resolved inside that root; "" if missing.
 std::string read_image_account_file(int root_fd, const char* path, const std::string& what) {
     open_how how{};
-    how.flags = O_RDONLY | O_NONBLOCK | O_CLOEXEC;
+    how.flags = O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC;
     how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV;
     UniqueFd fd(static_cast<int>(::syscall(SYS_openat2, root_fd, path, &how, sizeof how)));
     if (!fd) {

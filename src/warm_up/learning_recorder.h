@@ -27,7 +27,7 @@ class LearningRecorder final : public ImageAccessRecorder {
 
     // What one run records: a list keeps kMaxWarmUpNames names at most anyway.
     static constexpr size_t kMaxRecords = 4 * kMaxWarmUpNames;
-    static constexpr size_t kMaxRecordBytes = size_t{16} << 20;
+    static constexpr size_t kMaxRecordBytes = kMaxLearningRecordBytes;
 
     int fd_;
     size_t records_ = 0;

@@ -39,6 +39,9 @@ struct WarmUpName {
 
 // Bounds on one list, so that the warm-up stays a short head start.
 inline constexpr size_t kMaxWarmUpNames = 4096;
+// What a learning run's record file holds at most (warm_up/learning_recorder.h stops there; the
+// image server cannot write past it, RLIMIT_FSIZE).
+inline constexpr size_t kMaxLearningRecordBytes = size_t{16} << 20;
 inline constexpr size_t kMaxWarmUpPathBytes = 4096;
 
 // One record, as the image server appends them while it learns.

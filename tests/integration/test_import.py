@@ -435,6 +435,41 @@ def test_decompression_bomb_is_refused(sqbox_bin, tmp_path):
     assert os.listdir(out) == []
 
 
+def test_compressed_archive_bomb_is_refused_before_it_fills_the_disk(sqbox_bin, tmp_path):
+    """A docker-archive compressed with zstd holding 1 GiB of zeros in a member no manifest
+    names: its members are copied out before the manifest is read, so the copy itself is bounded
+    (1100x the archive's size), and nothing is left beside the output."""
+    need("zstd", "zstd")
+    info = entry("padding")
+    info.size = 1 << 30
+    zeros = subprocess.Popen(["zstd", "-q", "-19", "-c", "-"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE)
+    import threading
+    chunks = []
+    reader = threading.Thread(target=lambda: chunks.append(zeros.stdout.read()))
+    reader.start()
+    zeros.stdin.write(info.tobuf(format=tarfile.PAX_FORMAT))
+    block = b"\0" * (1 << 20)
+    for _ in range(1024):
+        zeros.stdin.write(block)
+    zeros.stdin.write(b"\0" * 2048)
+    zeros.stdin.close()
+    reader.join()
+    assert zeros.wait() == 0
+    archive = tmp_path / "bomb.tar.zst"
+    archive.write_bytes(chunks[0])
+    assert archive.stat().st_size * 1100 < (1 << 30), archive.stat().st_size
+    out = tmp_path / "out"
+    out.mkdir()
+    result = subprocess.run([sqbox_bin, "import", f"docker-archive:{archive}", "-o",
+                             str(out / "x.sqsh")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, timeout=300)
+    assert result.returncode == 125, result.stderr
+    assert f"{archive}: decompresses to more than 1100 times its size; refused" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert os.listdir(out) == []
+
+
 def test_symlinks_of_earlier_layers_stay_inside_the_image(sqbox_bin, sqbox, tmp_path):
     """A layer writes through a symlink an earlier layer planted towards the host: the file
     lands inside the image (as the layer means it), never on the host."""

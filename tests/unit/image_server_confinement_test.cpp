@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -51,6 +52,9 @@ TEST(ImageServerFilter, ServingCallsPass) {
         if (::fcntl(pipe_fds[0], F_SETPIPE_SZ, 1 << 16) < 0) ::_exit(4);
         // A thread, as the read-ahead thread is started (clone3 refused, clone with CLONE_THREAD).
         std::thread([] {}).join();
+        void* mapped =
+            ::mmap(nullptr, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (mapped == MAP_FAILED || ::munmap(mapped, 1 << 20) != 0) ::_exit(6);
         void* memory = ::malloc(64 << 20);
         if (memory == nullptr) ::_exit(5);
         ::free(memory);
@@ -70,6 +74,10 @@ TEST(ImageServerFilter, AnythingElseKillsTheProcess) {
     EXPECT_TRUE(killed_by_seccomp(
         status_under_filter([] { (void)::syscall(SYS_tgkill, ::getppid(), ::getppid(), 0); })));
     EXPECT_TRUE(killed_by_seccomp(status_under_filter([] { (void)::unshare(0); })));
+    // Shared memory is not counted by RLIMIT_DATA: a hijacked server may not map any.
+    EXPECT_TRUE(killed_by_seccomp(status_under_filter([] {
+        (void)::mmap(nullptr, 1 << 20, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    })));
     // From a second thread: the whole process goes, not only the thread.
     EXPECT_TRUE(killed_by_seccomp(status_under_filter([] {
         std::thread([] { (void)::socket(AF_INET, SOCK_STREAM, 0); }).join();
