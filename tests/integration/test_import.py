@@ -13,6 +13,7 @@ import shutil
 import stat
 import subprocess
 import tarfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -401,29 +402,34 @@ def test_huge_declared_size_is_refused(sqbox_bin, tmp_path):
     import_fails(sqbox_bin, tmp_path, [gzip.compress(buffer.getvalue())], "layer 1")
 
 
-def test_decompression_bomb_is_refused(sqbox_bin, tmp_path):
-    """4 GiB of zeros in a zstd layer of a few hundred KiB: past the 1100x expansion allowed.
-    (gzip cannot expand more than ~1032x, so a gzip layer costs at most time, never memory.)"""
-    need("zstd", "zstd")
-    info = entry("bomb")
-    info.size = 4 << 30
-    header = info.tobuf(format=tarfile.PAX_FORMAT)
+def zstd_tar_of_zeros(name, size):
+    """A tar stream holding one member of `size` zero bytes, compressed with zstd -19: a few
+    KiB for a GiB."""
+    info = entry(name)
+    info.size = size
     zeros = subprocess.Popen(["zstd", "-q", "-19", "-c", "-"], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE)
-    import threading
     chunks = []
     reader = threading.Thread(target=lambda: chunks.append(zeros.stdout.read()))
     reader.start()
-    zeros.stdin.write(header)
+    zeros.stdin.write(info.tobuf(format=tarfile.PAX_FORMAT))
     block = b"\0" * (1 << 20)
-    for _ in range(4096):
+    for _ in range(size >> 20):
         zeros.stdin.write(block)
     zeros.stdin.write(b"\0" * 2048)
     zeros.stdin.close()
     reader.join()
     assert zeros.wait() == 0
+    return chunks[0]
+
+
+def test_decompression_bomb_is_refused(sqbox_bin, tmp_path):
+    """4 GiB of zeros in a zstd layer of a few hundred KiB: past the 1100x expansion allowed.
+    (gzip cannot expand more than ~1032x, so a gzip layer costs at most time, never memory.)"""
+    need("zstd", "zstd")
+    layer = zstd_tar_of_zeros("bomb", 4 << 30)
     layout = tmp_path / "layout"
-    write_layout(layout, [chunks[0]], media_type="application/vnd.oci.image.layer.v1.tar+zstd")
+    write_layout(layout, [layer], media_type="application/vnd.oci.image.layer.v1.tar+zstd")
     out = tmp_path / "out"
     out.mkdir()
     result = subprocess.run([sqbox_bin, "import", f"oci:{layout}", "-o", str(out / "x.sqsh")],
@@ -440,24 +446,8 @@ def test_compressed_archive_bomb_is_refused_before_it_fills_the_disk(sqbox_bin, 
     names: its members are copied out before the manifest is read, so the copy itself is bounded
     (1100x the archive's size), and nothing is left beside the output."""
     need("zstd", "zstd")
-    info = entry("padding")
-    info.size = 1 << 30
-    zeros = subprocess.Popen(["zstd", "-q", "-19", "-c", "-"], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE)
-    import threading
-    chunks = []
-    reader = threading.Thread(target=lambda: chunks.append(zeros.stdout.read()))
-    reader.start()
-    zeros.stdin.write(info.tobuf(format=tarfile.PAX_FORMAT))
-    block = b"\0" * (1 << 20)
-    for _ in range(1024):
-        zeros.stdin.write(block)
-    zeros.stdin.write(b"\0" * 2048)
-    zeros.stdin.close()
-    reader.join()
-    assert zeros.wait() == 0
     archive = tmp_path / "bomb.tar.zst"
-    archive.write_bytes(chunks[0])
+    archive.write_bytes(zstd_tar_of_zeros("padding", 1 << 30))
     assert archive.stat().st_size * 1100 < (1 << 30), archive.stat().st_size
     out = tmp_path / "out"
     out.mkdir()
