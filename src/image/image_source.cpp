@@ -41,6 +41,7 @@ SquashfsHandle load_squashfs(int fd, const std::string& path, off_t file_size) {
 
     // sqfs_init prints nothing but reads the superblock and the id/fragment/export tables.
     sqfs_err err = sqfs_init(&ll->fs, fd, 0);
+    forget_block_list_positions();
     if (err != SQFS_OK) {
         std::free(ll.release());
         throw Error("image " + path + ": " + describe(err));

@@ -92,7 +92,8 @@ struct BlockListMemo {
     sqfs* fs = nullptr;
     sqfs_md_cursor list{};     // the file's block list (the cursor after its inode)
     uint64_t start_block = 0;  // the file's first data block
-    sqfs_blocklist state{};    // positioned before block `next_block`
+    uint64_t file_size = 0;
+    sqfs_blocklist state{};  // positioned before block `next_block`
     uint64_t next_block = 0;
 };
 thread_local BlockListMemo g_memo;
@@ -129,15 +130,23 @@ sqfs_err checked_blocklist(sqfs* fs, sqfs_inode* inode, sqfs_blocklist* blocks, 
     BlockListMemo& memo = g_memo;
     if (memo.fs == fs && memo.list.block == inode->next.block &&
         memo.list.offset == inode->next.offset && memo.start_block == inode->xtra.reg.start_block &&
-        memo.next_block <= wanted) {
+        memo.file_size == inode->xtra.reg.file_size && memo.next_block <= wanted) {
         *blocks = memo.state;
     }
     while (blocks->remain > 0 && next_block_index(*blocks, block_size) < wanted) {
         if (sqfs_blocklist_next(blocks) != SQFS_OK) return SQFS_ERR;
     }
-    memo = {fs, inode->next, inode->xtra.reg.start_block, *blocks,
+    memo = {fs,
+            inode->next,
+            inode->xtra.reg.start_block,
+            inode->xtra.reg.file_size,
+            *blocks,
             next_block_index(*blocks, block_size)};
     return SQFS_OK;
+}
+
+void forget_block_list_positions() {
+    g_memo = {};
 }
 
 sqfs_err checked_read_range(sqfs* fs, sqfs_inode* inode, sqfs_off_t start, sqfs_off_t* size,

@@ -14,8 +14,8 @@
 //    copies beyond the block or follows a wrong index.
 // sqbox therefore gets inodes only through checked_inode_get (which checks the inode and what
 // the library will read from it later), lists directories with a DirEntryBuffer, and reads file
-// data with checked_read_range instead of sqfs_read_range. The FUSE server keeps its own map of
-// inode numbers to checked inodes instead of the library's (which may read the export table).
+// data with checked_read_range instead of sqfs_read_range. The FUSE server numbers inodes by their
+// references instead of through the library's numbering (which may read the export table).
 #pragma once
 
 #include <cstdint>
@@ -53,6 +53,10 @@ class DirEntryBuffer {
 // with every block and fragment checked to hold the bytes taken from it.
 sqfs_err checked_read_range(sqfs* fs, sqfs_inode* inode, sqfs_off_t start, sqfs_off_t* size,
                             void* buffer);
+
+// An image was opened, perhaps where one closed earlier lay in memory (the fuzz targets open
+// one image after another): a remembered block list position of the old one must not apply.
+void forget_block_list_positions();
 
 // The block list of regular file `inode`, advanced so that the next sqfs_blocklist_next gives
 // the block holding byte `offset` (or none is left: the rest is a fragment tail). Replaces

@@ -12,7 +12,6 @@
 #include <optional>
 #include <string>
 #include <system_error>
-#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -63,6 +62,17 @@ fuse_ino_t inode_number_of(sqfs_inode_id id) {
     return static_cast<fuse_ino_t>(id) + kInodeNumberBase;
 }
 
+// Inodes already checked: the image does not change, so checked_inode_get's walk (the inode,
+// its directory index, its fragment entry) is done once per inode, not on every request.
+std::unordered_set<sqfs_inode_id> g_checked_inodes;
+
+sqfs_err get_checked_inode(sqfs* fs, sqfs_inode* inode, sqfs_inode_id id) {
+    if (g_checked_inodes.contains(id)) return sqfs_inode_get(fs, inode, id);
+    const sqfs_err err = checked_inode_get(fs, inode, id);
+    if (err == SQFS_OK) g_checked_inodes.insert(id);
+    return err;
+}
+
 // The checked inode `ino` stands for, or false once the request is answered with an error.
 bool find_inode(fuse_req_t req, fuse_ino_t ino, sqfs_ll** ll, sqfs_inode* inode) {
     *ll = static_cast<sqfs_ll*>(fuse_req_userdata(req));
@@ -76,7 +86,7 @@ bool find_inode(fuse_req_t req, fuse_ino_t ino, sqfs_ll** ll, sqfs_inode* inode)
         }
         id = static_cast<sqfs_inode_id>(ino - kInodeNumberBase);
     }
-    if (checked_inode_get(&(*ll)->fs, inode, id) != SQFS_OK) {
+    if (get_checked_inode(&(*ll)->fs, inode, id) != SQFS_OK) {
         fuse_reply_err(req, EIO);
         return false;
     }
@@ -136,7 +146,7 @@ void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     }
     sqfs_inode inode;
     fuse_entry_param reply{};
-    if (checked_inode_get(&ll->fs, &inode, sqfs_dentry_inode(entry.get())) != SQFS_OK ||
+    if (get_checked_inode(&ll->fs, &inode, sqfs_dentry_inode(entry.get())) != SQFS_OK ||
         sqfs_stat(&ll->fs, &inode, &reply.attr) != SQFS_OK) {
         fuse_reply_err(req, EIO);
         return;
@@ -387,6 +397,7 @@ fuse_session* new_squashfs_session(sqfs_ll* image, const SquashfsServerOptions& 
     g_recorder = options.recorder;
     g_names = ImageNames();
     g_recorded_inodes.clear();
+    g_checked_inodes.clear();
     g_splice = false;
     fuse_lowlevel_ops ops = make_operations();
     char program[] = "sqbox-fuse";

@@ -133,7 +133,18 @@ StageReport supervise_payload(pid_t payload) {
 
 }  // namespace
 
-// Forks the payload once the root is complete.
+InitContext take_init_context(const SandboxPlan& plan, Pipe& report, Pipe& lifeline,
+                              UniqueFd channel) {
+    report.read_end.reset();
+    lifeline.write_end.reset();
+    InitContext context;
+    context.plan = &plan;
+    context.report = std::move(report.write_end);
+    context.lifeline = std::move(lifeline.read_end);
+    context.channel = std::move(channel);
+    return context;
+}
+
 void keep_only_init_descriptors(const InitContext& context) {
     close_fds_except({context.report.get(), context.lifeline.get(), context.image_ready.get(),
                       context.channel.get(), diagnostics_fd(), context.stdio[0].get(),
@@ -213,7 +224,6 @@ void export_root(const InitContext& context, const SandboxConfig& config) {
 }
 
 void adopt_request_stdio(InitContext& context) {
-    if (!context.stdio[0] && !context.plan->pooled) return;
     for (int fd = 0; fd < 3; ++fd) {
         UniqueFd& source = context.stdio.at(static_cast<size_t>(fd));
         if (!source) continue;
@@ -224,7 +234,7 @@ void adopt_request_stdio(InitContext& context) {
             source.reset();
         }
     }
-    close_fds_except({context.report.get(), context.lifeline.get(), context.channel.get()});
+    // Nothing else of the server's is open: keep_only_init_descriptors closed it on entry.
 }
 
 void await_request(int channel, SandboxConfig& config, SandboxPlan& plan) {

@@ -34,6 +34,11 @@ struct InitContext {
     std::array<UniqueFd, 3> stdio;
 };
 
+// In init, just cloned: its context from its supervisor's pipes, whose init ends it takes
+// (report's write end, lifeline's read end) and whose supervisor ends it drops, and `channel`.
+InitContext take_init_context(const SandboxPlan& plan, Pipe& report, Pipe& lifeline,
+                              UniqueFd channel);
+
 // Runs as the first process of fresh pid, mount, network, ipc, uts and cgroup namespaces: creates
 // the network namespace with loopback up, sets the hostname, assembles the root and pivots into it,
 // then starts the payload, forwards SIGINT/SIGTERM/SIGHUP/SIGQUIT to it, reaps every orphan, and
@@ -58,8 +63,8 @@ void enter_own_user_namespace(const std::pair<uid_t, gid_t>& ids);
 // its own report says why.
 void take_mount_namespace_when_image_ready(UniqueFd image_ready);
 
-// sqbox serve: the request's stdio becomes 0-2; everything else the long-lived supervisor holds
-// (other sandboxes' pipes, its control socket) is closed.
+// sqbox serve: the request's stdio becomes 0-2 (everything else the long-lived supervisor holds,
+// other sandboxes' pipes and its control socket, was closed on entry: keep_only_init_descriptors).
 void adopt_request_stdio(InitContext& context);
 
 // enroot export: the merged layers, as the sandbox would see them at its root, packed into a new

@@ -1,10 +1,8 @@
 #include "runtime/mount_table.h"
 
 #include <fcntl.h>
-#include <linux/openat2.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,15 +27,7 @@ constexpr size_t kMaxImageMounts = 64;
 // The image's /etc/fstab, resolved inside the root (its symlinks cannot leave it), read only if
 // it is a regular file of bounded size. Empty when the image has none.
 std::string read_image_fstab(int root_fd) {
-    open_how how{};
-    how.flags = O_RDONLY | O_NONBLOCK | O_CLOEXEC;
-    how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV;
-    UniqueFd fd(static_cast<int>(::syscall(SYS_openat2, root_fd, "etc/fstab", &how, sizeof how)));
-    if (!fd) {
-        if (errno == ENOENT || errno == ENOTDIR) return {};
-        throw system_error("cannot open the image's /etc/fstab");
-    }
-    return read_bounded_regular_file(fd.get(), kMaxFstabBytes, "the image's /etc/fstab");
+    return read_image_file(root_fd, "etc/fstab", kMaxFstabBytes, "the image's /etc/fstab");
 }
 
 VariableLookup fstab_lookup(const SandboxConfig& config) {

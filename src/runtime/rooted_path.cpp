@@ -1,12 +1,16 @@
 #include "runtime/rooted_path.h"
 
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <vector>
 
 #include "util/errors.h"
+#include "util/files.h"
 
 namespace sqbox {
 
@@ -79,6 +83,19 @@ UniqueFd resolve_in_root(int root_fd, const std::string& path, EntryKind last_ki
         current = std::move(next);
     }
     return current;
+}
+
+std::string read_image_file(int root_fd, const char* relative_path, size_t max_bytes,
+                            const std::string& what) {
+    open_how how{};
+    how.flags = O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC;
+    how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV;
+    UniqueFd fd(static_cast<int>(::syscall(SYS_openat2, root_fd, relative_path, &how, sizeof how)));
+    if (!fd) {
+        if (errno == ENOENT || errno == ENOTDIR) return {};
+        throw system_error("cannot open " + what);
+    }
+    return read_bounded_regular_file(fd.get(), max_bytes, what);
 }
 
 }  // namespace sqbox

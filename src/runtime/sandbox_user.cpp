@@ -1,16 +1,13 @@
 #include "runtime/sandbox_user.h"
 
-#include <fcntl.h>
 #include <grp.h>
-#include <linux/openat2.h>
 #include <pwd.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <vector>
 
+#include "runtime/rooted_path.h"
 #include "util/errors.h"
 #include "util/files.h"
 
@@ -94,19 +91,6 @@ std::string merge_accounts(std::string_view image, const Entry& own,
     return out;
 }
 
-// The image's file at `path` (relative to `root_fd`), resolved inside that root; "" if missing.
-std::string read_image_account_file(int root_fd, const char* path, const std::string& what) {
-    open_how how{};
-    how.flags = O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC;
-    how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV;
-    UniqueFd fd(static_cast<int>(::syscall(SYS_openat2, root_fd, path, &how, sizeof how)));
-    if (!fd) {
-        if (errno == ENOENT || errno == ENOTDIR) return {};
-        throw system_error("cannot open " + what);
-    }
-    return read_bounded_regular_file(fd.get(), kMaxAccountFileBytes, what);
-}
-
 std::string name_of_user(uid_t uid) {
     std::vector<char> buffer(16384);
     passwd entry{};
@@ -132,8 +116,14 @@ std::string name_of_group(gid_t gid) {
 void set_caller_identity(SandboxConfig& config) {
     config.outside_uid = ::geteuid();
     config.outside_gid = ::getegid();
-    config.outside_user_name = name_of_user(config.outside_uid);
-    config.outside_group_name = name_of_group(config.outside_gid);
+    // The host's account database (NSS: files, sssd, LDAP) only for a name the sandbox shows: as
+    // root inside, the user and group are the image's root.
+    if (!config.map_root && config.outside_uid != 0) {
+        config.outside_user_name = name_of_user(config.outside_uid);
+    }
+    if (!config.map_root && config.outside_gid != 0) {
+        config.outside_group_name = name_of_group(config.outside_gid);
+    }
 }
 
 bool is_portable_account_name(std::string_view name) {
@@ -196,9 +186,11 @@ std::string merged_group(std::string_view image_group, const SandboxUser& user) 
 
 AccountFiles sandbox_account_files(int root_fd, const SandboxConfig& config) {
     const SandboxUser user = sandbox_user(config);
-    return {merged_passwd(read_image_account_file(root_fd, "etc/passwd", "the image's /etc/passwd"),
+    return {merged_passwd(read_image_file(root_fd, "etc/passwd", kMaxAccountFileBytes,
+                                          "the image's /etc/passwd"),
                           user),
-            merged_group(read_image_account_file(root_fd, "etc/group", "the image's /etc/group"),
+            merged_group(read_image_file(root_fd, "etc/group", kMaxAccountFileBytes,
+                                         "the image's /etc/group"),
                          user)};
 }
 

@@ -31,8 +31,9 @@ struct SandboxUser {
     std::string shell;
 };
 
-// Front ends: the caller's effective ids and, from the host's account database, their login and
-// primary group names (empty where the host has none).
+// Front ends, once config.map_root is set: the caller's effective ids and, from the host's
+// account database, their login and primary group names where the sandbox shows them (empty
+// where the host has none, and for ids that are root inside).
 void set_caller_identity(SandboxConfig& config);
 
 // A name that is safe in a passwd or group line and unambiguous: 1 to 32 of [A-Za-z0-9._-], not

@@ -155,15 +155,9 @@ InitChannels make_init_channels() {
 }
 
 InitContext InitChannels::take_init_ends(const SandboxPlan& plan, UniqueFd channel) {
-    report.read_end.reset();
-    lifeline.write_end.reset();
     image_ready.reset();
-    InitContext context;
-    context.plan = &plan;
-    context.report = std::move(report.write_end);
-    context.lifeline = std::move(lifeline.read_end);
+    InitContext context = take_init_context(plan, report, lifeline, std::move(channel));
     context.image_ready = std::move(init_image_ready);
-    context.channel = std::move(channel);
     return context;
 }
 

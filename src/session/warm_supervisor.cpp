@@ -255,14 +255,8 @@ class WarmSupervisor {
         sandbox.started = Clock::now();
         pid_t pid = clone_process(kSandboxNamespaces | CLONE_NEWUSER, "sandbox namespaces");
         if (pid == 0) {
-            report.read_end.reset();
-            lifeline.write_end.reset();
             channel.reset();
-            InitContext init;
-            init.plan = &plan;
-            init.report = std::move(report.write_end);
-            init.lifeline = std::move(lifeline.read_end);
-            init.channel = std::move(init_channel);
+            InitContext init = take_init_context(plan, report, lifeline, std::move(init_channel));
             if (!pooled) {
                 for (size_t i = 0; i < 3; ++i) init.stdio.at(i) = std::move(fds[i + 1]);
             }

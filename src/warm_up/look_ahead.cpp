@@ -92,8 +92,9 @@ void look_ahead(const std::string& mount_point, std::vector<std::string> paths,
 
 std::vector<std::string> first_lookups(const SandboxConfig& config,
                                        const std::string& default_path) {
-    std::vector<std::string> paths = {"/etc/hostname", "/etc/hosts", "/etc/resolv.conf",
-                                      "/etc/fstab", "/etc/environment"};
+    std::vector<std::string> paths = {"/etc/hostname", "/etc/hosts",       "/etc/resolv.conf",
+                                      "/etc/fstab",    "/etc/environment", "/etc/passwd",
+                                      "/etc/group"};
     if (config.entrypoint == SandboxConfig::Entrypoint::kEnrootRc) paths.emplace_back("/etc/rc");
     if (config.command.empty()) return paths;
     const std::string& program = config.command.front();
