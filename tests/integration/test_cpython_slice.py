@@ -32,9 +32,6 @@ IGNORED = {
     "test.test_subprocess.POSIXProcessTestCase.test_extra_groups": _UNMAPPED_IDS,
     "test.test_os.ChownFileTests.test_chown_without_permission": _UNMAPPED_IDS,
     "test.test_os.ChownFileTests.test_chown_with_root": _UNMAPPED_IDS,
-    # The seccomp profile refuses prlimit64 on any pid but 0 (the caller) with EPERM, even -1,
-    # which names no process (ESRCH outside).
-    "test.test_resource.ResourceTest.test_prlimit": "prlimit64 is allowed on pid 0 only",
 }
 # Run as root, the tests also expect root's powers over other ids, which root inside a sandbox
 # (uid 0 of a user namespace that maps nothing else, without capabilities) does not have.

@@ -366,9 +366,13 @@ def test_payload_cannot_lower_the_limits_of_init(box):
         import resource
         attempt("init", resource.prlimit, 1, resource.RLIMIT_CPU, (1, 1))
         attempt("self", resource.prlimit, 0, resource.RLIMIT_CPU, (100, 100))
-        finish()
+        # Reading them changes nothing, and a pid that names no process is ESRCH, as outside.
+        attempt("read init", resource.prlimit, 1, resource.RLIMIT_CPU)
+        attempt("read none", resource.prlimit, -1, resource.RLIMIT_AS)
+        finish(init_cpu=resource.prlimit(1, resource.RLIMIT_CPU))
     """)
-    assert res == {"init": "EPERM", "self": "ok"}, res
+    assert res == {"init": "EPERM", "self": "ok", "read init": "ok", "read none": "ESRCH",
+                   "init_cpu": [-1, -1]}, res
 
 
 def test_sysv_ipc_is_capped_with_root_mapping(box):

@@ -314,7 +314,9 @@ TEST(SeccompProfile, DefaultDeniesWhatHostileCodeUses) {
     EXPECT_EQ(answer(filter, SYS_socket, {40 /* AF_VSOCK */}), eperm);
     // Limits of other processes (sqbox's init) are out of reach; the host-wide AIO pool too.
     EXPECT_EQ(answer(filter, SYS_prlimit64, {0, RLIMIT_CPU}), kAllow);
-    EXPECT_EQ(answer(filter, SYS_prlimit64, {1, RLIMIT_CPU}), eperm);
+    EXPECT_EQ(answer(filter, SYS_prlimit64, {1, RLIMIT_CPU, 0x1000}), eperm);
+    // Reading them (no new limit) is allowed: the kernel then says ESRCH for a pid that is none.
+    EXPECT_EQ(answer(filter, SYS_prlimit64, {1, RLIMIT_CPU, 0, 0x1000}), kAllow);
     EXPECT_EQ(answer(filter, SYS_io_setup, {4096}), errno_result(ENOSYS));
     // Unknown calls, and other ABIs, get ENOSYS so that libc falls back.
     EXPECT_EQ(answer(filter, 460), errno_result(ENOSYS));
