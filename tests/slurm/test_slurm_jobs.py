@@ -1,0 +1,237 @@
+"""sqbox inside Slurm jobs, as an unprivileged user: docs/slurm.md's batch script (run as the
+doc shows it), srun steps, the enroot front end in a step, and scancel of a running job."""
+import json
+import os
+import re
+import time
+import uuid
+from pathlib import Path
+
+from host_mounts import fuse_connections, new_fuse_connections
+from host_processes import processes_with, wait_until_gone, wait_until_pid_namespace_is_empty
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "slurm.md"
+
+# A task that waits until the test releases it: all eight can only have started when eight
+# sandboxes run at once. /tasks is a read-only bind of the host directory, so the release file
+# the host makes appears inside.
+BARRIER_TASK = """\
+import os, sys, time
+print("started", flush=True)
+deadline = time.monotonic() + 60
+while not os.path.exists("/tasks/release"):
+    if time.monotonic() > deadline:
+        sys.exit("never released")
+    time.sleep(0.05)
+print({n} * {n})
+"""
+
+MEMORY_TASK = """\
+data = bytearray(1 << 30)   # 1 GiB, twice the script's --memory
+print("allocated", len(data))
+"""
+
+TIMEOUT_TASK = """\
+print("spinning", flush=True)
+while True:
+    pass
+"""
+
+# Prints the sandbox's pid namespace as the host names it, then waits to be cancelled.
+LONG_TASK = """\
+import os, time
+print(os.readlink("/proc/self/ns/pid"), flush=True)
+time.sleep(1000)
+"""
+
+
+def batch_script_from_doc():
+    """The batch script of docs/slurm.md: the code block that starts with #!/bin/bash."""
+    blocks = re.findall(r"^```sh\n(.*?)^```", DOC.read_text(), re.S | re.M)
+    scripts = [b for b in blocks if b.startswith("#!/bin/bash\n") and "#SBATCH" in b]
+    assert len(scripts) == 1, f"expected one batch script in {DOC}, found {len(scripts)}"
+    return scripts[0]
+
+
+def user_dir(slurm, name):
+    """A fresh directory in the job user's work directory."""
+    path = slurm.work / f"{name}-{uuid.uuid4().hex[:8]}"
+    path.mkdir(mode=0o755)
+    os.chown(path, *owner(slurm))
+    return path
+
+
+def owner(slurm):
+    st = slurm.work.stat()
+    return st.st_uid, st.st_gid
+
+
+def write_user_file(slurm, path, text, mode=0o644):
+    path.write_text(text)
+    path.chmod(mode)
+    os.chown(path, *owner(slurm))
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} within {timeout} s"
+        time.sleep(0.1)
+
+
+def read(path):
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def submit_recipe(slurm, sqbox_bin, image, tasks, results, **variables):
+    script = slurm.work / "run-tasks.sbatch"
+    if not script.exists():
+        write_user_file(slurm, script, batch_script_from_doc(), mode=0o755)
+    exports = {"SQBOX": sqbox_bin, "IMAGE": image, "TASKS": str(tasks),
+               "RESULTS": str(results), **variables}
+    job = slurm.sbatch(script, "--output", str(results.parent / f"{results.name}.log"),
+                       "--export", "ALL," + ",".join(f"{k}={v}" for k, v in exports.items()))
+    return job
+
+
+def test_batch_script_from_the_doc_runs_eight_sandboxes_at_once_with_limits(
+        slurm, sqbox_bin, python_image):
+    tasks = user_dir(slurm, "tasks")
+    results = slurm.work / f"results-{tasks.name}"
+    for n in range(8):
+        write_user_file(slurm, tasks / f"task_{n}.py", BARRIER_TASK.format(n=n))
+    write_user_file(slurm, tasks / "task_memory.py", MEMORY_TASK)
+    write_user_file(slurm, tasks / "task_timeout.py", TIMEOUT_TASK)
+
+    job = submit_recipe(slurm, sqbox_bin, python_image, tasks, results)
+    started = lambda: all(read(results / f"task_{n}.out").startswith("started") for n in range(8))
+    wait_for(started, 90, "eight sandboxes running at once")
+    # None of them can have ended: none is released yet.
+    assert not (results / "status").exists(), read(results / "status")
+    (tasks / "release").touch()
+
+    fields = slurm.wait_for_job(job)
+    log = read(results.parent / f"{results.name}.log")
+    assert fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0", (fields, log)
+
+    status = dict(line.split() for line in read(results / "status").splitlines())
+    assert sorted(status) == sorted([f"task_{n}" for n in range(8)] +
+                                    ["task_memory", "task_timeout"]), (status, log)
+    for n in range(8):
+        name = f"task_{n}"
+        assert status[name] == "0", (read(results / f"{name}.err"), log)
+        assert read(results / f"{name}.out") == f"started\n{n * n}\n"
+        record = json.loads(read(results / f"{name}.json"))
+        assert record["exit_code"] == 0 and record["limits"]["memory"]["value"] == 512 << 20
+
+    # Past --memory: with no cgroup of its own (a plain user's job) the allocation fails;
+    # with one, the OOM killer ends the payload (137). Either way it never allocated.
+    record = json.loads(read(results / "task_memory.json"))
+    assert record["limits"]["memory"]["value"] == 512 << 20
+    assert "allocated" not in read(results / "task_memory.out")
+    if record["limits"]["memory"]["enforced_by"] == "rlimit":
+        assert status["task_memory"] == "1" and record["exit_code"] == 1, record
+        assert "MemoryError" in read(results / "task_memory.err")
+    else:
+        assert status["task_memory"] == "137" and record["oom_killed"], record
+
+    # Past --timeout: the sandbox is killed, status 124.
+    record = json.loads(read(results / "task_timeout.json"))
+    assert status["task_timeout"] == "124" and record["timed_out"] is True, record
+    assert read(results / "task_timeout.out") == "spinning\n"
+    assert "sqbox: timed out after" in read(results / "task_timeout.err")
+
+
+def test_srun_runs_a_sandbox_per_task(slurm, sqbox_bin, busybox_image):
+    result = slurm.as_user(["srun", "--ntasks", "2", sqbox_bin, "run", "--env", "SLURM_PROCID",
+                            busybox_image, "--", "sh", "-c",
+                            'echo "rank $SLURM_PROCID uid $(id -u) host $(hostname)"'])
+    assert result.returncode == 0, result.stderr
+    uid = owner(slurm)[0]
+    assert sorted(result.stdout.splitlines()) == [f"rank {r} uid {uid} host sandbox"
+                                                  for r in (0, 1)]
+
+
+def test_srun_step_past_timeout_ends_with_124(slurm, sqbox_bin, busybox_image):
+    result = slurm.as_user(["srun", sqbox_bin, "run", "--timeout", "1", busybox_image, "--",
+                            "sleep", "100"])
+    assert result.returncode == 124, result.stderr
+    assert "sqbox: timed out after" in result.stderr
+
+
+def test_srun_step_past_memory_fails_to_allocate(slurm, sqbox_bin, python_image):
+    result = slurm.as_user(["srun", sqbox_bin, "run", "--memory", "256M", python_image, "--",
+                            "python3", "-c", "b = bytearray(1 << 30); print('allocated')"])
+    assert "allocated" not in result.stdout
+    assert result.returncode == 1 and "MemoryError" in result.stderr, result.stderr
+
+
+def test_enroot_front_end_in_a_step(slurm, sqbox_bin, python_image):
+    # A pyxis-less harness: `enroot create` and `enroot start` in a step, with sqbox on PATH as
+    # enroot.
+    bin_dir = Path(sqbox_bin).parent
+    if not (bin_dir / "enroot").exists():
+        (bin_dir / "enroot").symlink_to("sqbox")
+    data = user_dir(slurm, "enroot-data")
+    step = ('enroot create --name task "$1" && '
+            'enroot start task python3 -c "import os; print(6 * 7, os.getuid())" && '
+            'enroot remove -f task && enroot list')
+    result = slurm.as_user(["srun", "sh", "-c", step, "step", python_image],
+                           env={"PATH": f"{bin_dir}:/usr/bin:/bin",
+                                "ENROOT_DATA_PATH": str(data)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == f"42 {owner(slurm)[0]}"
+    # Removed: `enroot list` printed nothing after the result, and only the store's lock file
+    # stays.
+    assert [n for n in os.listdir(data) if n != ".sqbox-store.lock"] == []
+
+
+class NodeSnapshot:
+    """What a cancelled job must not add to the node."""
+
+    def __init__(self):
+        self.mountinfo = Path("/proc/self/mountinfo").read_text()
+        self.fuse = fuse_connections()
+        self.tmp = set(os.listdir("/tmp"))
+        self.shm = set(os.listdir("/dev/shm"))
+
+
+def test_scancel_leaves_no_process_mount_or_file(slurm, sqbox_bin, python_image):
+    tasks = user_dir(slurm, "tasks")  # its unique name is in every sqbox's argv (--mount)
+    results = slurm.work / f"results-{tasks.name}"
+    for n in range(4):
+        write_user_file(slurm, tasks / f"task_{n}.py", LONG_TASK)
+    before = NodeSnapshot()
+
+    job = submit_recipe(slurm, sqbox_bin, python_image, tasks, results, TIMEOUT=600)
+    outs = [results / f"task_{n}.out" for n in range(4)]
+    wait_for(lambda: all(read(o).startswith("pid:[") for o in outs), 90,
+             "four sandboxes running")
+    namespaces = [read(o).split()[0] for o in outs]
+    assert len(set(namespaces)) == 4
+    assert len(processes_with(tasks.name)) >= 4  # the sqbox processes the check below expects gone
+    for namespace in namespaces:
+        assert wait_until_pid_namespace_is_empty(namespace, 0) != [], namespace
+
+    result = slurm.as_user(["scancel", job], check=True)
+    fields = slurm.wait_for_job(job, timeout=60)
+    assert fields["JobState"] == "CANCELLED", fields
+    wait_for(lambda: not slurm.job_step_sockets(), 60, "the job's steps ending")
+
+    assert wait_until_gone(tasks.name, 10) == [], "sqbox processes left behind"
+    for namespace in namespaces:
+        assert wait_until_pid_namespace_is_empty(namespace, 5) == [], \
+            f"payload processes left in {namespace}"
+    assert new_fuse_connections(before.fuse, wait=10) == [], "FUSE connection left behind"
+    assert Path("/proc/self/mountinfo").read_text() == before.mountinfo
+    # sqbox makes no host files; other names are the project's tools running beside this test.
+    tools = ("sqbox-bench-", "sqbox-test-stage.", "sqbox-unit-", "sqbox-image-", "sqbox-fuzz-")
+    new_tmp = [n for n in set(os.listdir("/tmp")) - before.tmp
+               if "sqbox" in n and not n.startswith(tools)]
+    assert new_tmp == []
+    new_shm = [n for n in set(os.listdir("/dev/shm")) - before.shm if not n.startswith(tools)]
+    assert new_shm == []
+    assert result.returncode == 0
