@@ -253,6 +253,10 @@ def stop_cluster(cluster):
     assert not leftover, f"job steps still running after the cluster stopped: {leftover}"
 
 
+def interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 @pytest.fixture(scope="session")
 def slurm():
     if os.geteuid() != 0:
@@ -269,11 +273,15 @@ def slurm():
     root = Path(tempfile.mkdtemp(prefix="sqbox-slurm-", dir="/tmp"))
     root.chmod(0o755)
     cluster = Cluster(root, TEST_USER)
+    # A SIGTERM (CI's `timeout`) must still stop the daemons: pytest tears down on
+    # KeyboardInterrupt.
+    previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         start_cluster(cluster)
         yield cluster
     finally:
         stop_cluster(cluster)
+        signal.signal(signal.SIGTERM, previous)
 
 
 @pytest.fixture(scope="session")
