@@ -6,8 +6,14 @@ on ports of its own: it does not touch the host's /etc/slurm, /etc/munge or a mu
 running. Jobs run as an unprivileged user (sqbox-test, as scripts/test creates it), which is how
 sqbox runs on a cluster. Everything is stopped and removed at the end of the session.
 
+The suite runs twice, once for each way Slurm finds a job's processes (what scancel signals):
+by their parents (proctrack/linuxproc, which works anywhere) and by the job's cgroup
+(proctrack/cgroup with task/cgroup confining the job's CPUs and memory, as most clusters run; it
+needs a cgroup layout Slurm 22.05 handles, e.g. v1 or hybrid).
+
 Where Slurm cannot start, the tests skip naming the missing package or what failed; with
-SQBOX_REQUIRE_SLURM=1 (scripts/test-slurm in CI) they fail instead.
+SQBOX_REQUIRE_SLURM=1 (scripts/test-slurm in CI) they fail instead, for the parent-tracked
+cluster (the cgroup one depends on the host's cgroup layout, so it only ever skips).
 """
 import os
 import pwd
@@ -38,8 +44,8 @@ PROGRAMS = {
 }
 
 
-def cannot_start(reason):
-    if os.environ.get("SQBOX_REQUIRE_SLURM") == "1":
+def cannot_start(reason, required=True):
+    if required and os.environ.get("SQBOX_REQUIRE_SLURM") == "1":
         pytest.fail(f"Slurm cluster: {reason}")
     pytest.skip(f"Slurm cluster: {reason}")
 
@@ -65,9 +71,10 @@ def log_tail(path, lines=15):
 class Cluster:
     """A running cluster; commands run as the test user in a job directory of its own."""
 
-    def __init__(self, root, user):
+    def __init__(self, root, user, tracking):
         self.root = root
         self.user = user
+        self.tracking = tracking  # "linuxproc" or "cgroup"
         self.conf = root / "etc" / "slurm.conf"
         self.work = root / "work"  # the user's: job scripts, outputs, results
         self.node = socket.gethostname().split(".")[0]
@@ -140,6 +147,35 @@ class Cluster:
         return [p.name for p in spool.iterdir() if p.is_socket()] if spool.is_dir() else []
 
 
+TRACKING = {
+    # Processes found through their parents: no cgroup plugin, so this works on cgroup v1, v2
+    # and hybrid hosts and in containers alike.
+    "linuxproc": "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n",
+    # Processes found in the job's cgroup, which also confines its CPUs and memory (--mem).
+    "cgroup": "ProctrackType=proctrack/cgroup\nTaskPlugin=task/cgroup\n",
+}
+
+
+def slurm_cgroups():
+    """The cgroup directories Slurm makes (slurm, slurm_NODE, under each hierarchy)."""
+    base = Path("/sys/fs/cgroup")
+    candidates = [base] + [p for p in base.iterdir() if p.is_dir() and not p.is_symlink()]
+    return {child for parent in candidates for child in parent.glob("slurm*") if child.is_dir()}
+
+
+def remove_cgroups(paths):
+    """Removes the cgroup directories (deepest first: rmdir is the only way); returns those
+    that stay."""
+    for path in paths:
+        for directory in sorted((p for p in path.rglob("*") if p.is_dir()),
+                                key=lambda p: len(p.parts), reverse=True) + [path]:
+            try:
+                directory.rmdir()
+            except OSError:
+                pass
+    return sorted(str(p) for p in paths if p.exists())
+
+
 def write_config(cluster, munge_socket):
     root = cluster.root
     memory_mb = 4096
@@ -160,11 +196,7 @@ SlurmdPidFile={root}/run/slurmd.pid
 SlurmctldLogFile={root}/log/slurmctld.log
 SlurmdLogFile={root}/log/slurmd.log
 MailProg=/bin/true
-# Processes are tracked through their parents (no cgroup plugin: this works on cgroup v1, v2
-# and hybrid hosts and in containers alike).
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
+{TRACKING[cluster.tracking]}JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 SelectType=select/cons_tres
@@ -182,6 +214,12 @@ PartitionName=test Nodes={cluster.node} Default=YES MaxTime=30 State=UP
 """
     cluster.conf.write_text(text)
     cluster.conf.chmod(0o644)
+    if cluster.tracking == "cgroup":
+        # Slurm reads cgroup.conf beside slurm.conf.
+        cgroup_conf = cluster.conf.parent / "cgroup.conf"
+        cgroup_conf.write_text("CgroupPlugin=autodetect\nConstrainCores=yes\n"
+                               "ConstrainRAMSpace=yes\n")
+        cgroup_conf.chmod(0o644)
 
 
 def start_daemon(cluster, name, argv, log):
@@ -193,14 +231,17 @@ def start_daemon(cluster, name, argv, log):
 
 
 def wait_until(predicate, timeout, what, cluster):
+    required = cluster.tracking == "linuxproc"
     deadline = time.monotonic() + timeout
     while not predicate():
         for name, process, log in cluster.daemons:
             if process.poll() is not None:
-                cannot_start(f"{name} exited with status {process.returncode}:\n{log_tail(log)}")
+                cannot_start(f"{name} ({cluster.tracking}) exited with status "
+                             f"{process.returncode}:\n{log_tail(log)}", required)
         if time.monotonic() > deadline:
             logs = "\n".join(f"--- {name}:\n{log_tail(log)}" for name, _, log in cluster.daemons)
-            cannot_start(f"{what} did not happen within {timeout} s\n{logs}")
+            cannot_start(f"{what} ({cluster.tracking}) did not happen within {timeout} s\n{logs}",
+                         required)
         time.sleep(0.1)
 
 
@@ -250,15 +291,18 @@ def stop_cluster(cluster):
                 process.wait()
     leftover = cluster.job_step_sockets()
     shutil.rmtree(cluster.root, ignore_errors=True)
+    # Slurm leaves its (empty) cgroups behind; they are ours to remove.
+    cgroups_left = remove_cgroups(slurm_cgroups() - cluster.cgroups_before)
     assert not leftover, f"job steps still running after the cluster stopped: {leftover}"
+    assert not cgroups_left, f"Slurm's cgroups could not be removed: {cgroups_left}"
 
 
 def interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-@pytest.fixture(scope="session")
-def slurm():
+@pytest.fixture(scope="session", params=["linuxproc", "cgroup"])
+def slurm(request):
     if os.geteuid() != 0:
         cannot_start("starting slurmctld and slurmd needs root (run scripts/test-slurm as root)")
     missing = sorted({pkg for prog, pkg in PROGRAMS.items() if not find_program(prog)})
@@ -272,7 +316,8 @@ def slurm():
     # Under /tmp (world-traversable) so that the job user reaches its directory.
     root = Path(tempfile.mkdtemp(prefix="sqbox-slurm-", dir="/tmp"))
     root.chmod(0o755)
-    cluster = Cluster(root, TEST_USER)
+    cluster = Cluster(root, TEST_USER, request.param)
+    cluster.cgroups_before = slurm_cgroups()
     # A SIGTERM (CI's `timeout`) must still stop the daemons: pytest tears down on
     # KeyboardInterrupt.
     previous = signal.signal(signal.SIGTERM, interrupt)

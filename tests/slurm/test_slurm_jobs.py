@@ -145,6 +145,13 @@ def test_batch_script_from_the_doc_runs_eight_sandboxes_at_once_with_limits(
     assert "sqbox: timed out after" in read(results / "task_timeout.err")
 
 
+def test_jobs_are_tracked_as_configured(slurm):
+    # The suite's two clusters differ in how Slurm finds a job's processes; check that they do.
+    cgroups = slurm.as_user(["srun", "cat", "/proc/self/cgroup"], check=True).stdout
+    in_job_cgroup = re.search(r"/slurm[^/]*/uid_\d+/job_\d+/step_", cgroups) is not None
+    assert in_job_cgroup == (slurm.tracking == "cgroup"), cgroups
+
+
 def test_srun_runs_a_sandbox_per_task(slurm, sqbox_bin, busybox_image):
     result = slurm.as_user(["srun", "--ntasks", "2", sqbox_bin, "run", "--env", "SLURM_PROCID",
                             busybox_image, "--", "sh", "-c",
