@@ -179,6 +179,7 @@ def remove_cgroups(paths):
 def write_config(cluster, munge_socket):
     root = cluster.root
     memory_mb = 4096
+    cpus = max(2, os.cpu_count() or 1)
     text = f"""\
 ClusterName=sqboxtest
 SlurmctldHost={cluster.node}(127.0.0.1)
@@ -209,7 +210,7 @@ SlurmdParameters=config_overrides
 # Seconds between scancel's SIGTERM and its SIGKILL (Slurm's default is 30).
 KillWait=5
 MinJobAge=600
-NodeName={cluster.node} NodeAddr=127.0.0.1 CPUs={max(2, os.cpu_count() or 1)} RealMemory={memory_mb} State=UNKNOWN
+NodeName={cluster.node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={memory_mb} State=UNKNOWN
 PartitionName=test Nodes={cluster.node} Default=YES MaxTime=30 State=UP
 """
     cluster.conf.write_text(text)
@@ -271,6 +272,12 @@ def start_cluster(cluster):
     start_daemon(cluster, "slurmd", [find_program("slurmd"), "-D", "-f", str(cluster.conf),
                                      "-N", cluster.node], root / "log" / "slurmd.out")
     wait_until(lambda: cluster.node_state() == "idle", 60, "the node becoming idle", cluster)
+    # A node can be up and still fail every job (e.g. a cgroup layout its plugin cannot use).
+    probe = cluster.as_user(["srun", "--time=1", "true"], timeout=60)
+    if probe.returncode != 0:
+        cannot_start(f"a probe job ({cluster.tracking}) failed: {probe.stderr.strip()}\n"
+                     f"{log_tail(root / 'log' / 'slurmd.log')}",
+                     required=cluster.tracking == "linuxproc")
 
 
 def stop_cluster(cluster):
@@ -307,7 +314,8 @@ def slurm(request):
         cannot_start("starting slurmctld and slurmd needs root (run scripts/test-slurm as root)")
     missing = sorted({pkg for prog, pkg in PROGRAMS.items() if not find_program(prog)})
     if missing:
-        cannot_start(f"missing package(s) {', '.join(missing)} (apt-get install {' '.join(missing)})")
+        cannot_start(f"missing package(s) {', '.join(missing)} "
+                     f"(apt-get install {' '.join(missing)})")
     try:
         pwd.getpwnam(TEST_USER)
     except KeyError:
