@@ -77,7 +77,10 @@ class Cluster:
         self.tracking = tracking  # "linuxproc" or "cgroup"
         self.conf = root / "etc" / "slurm.conf"
         self.work = root / "work"  # the user's: job scripts, outputs, results
-        self.node = socket.gethostname().split(".")[0]
+        # slurmctld runs only where SlurmctldHost names the machine; the node's name is free
+        # (slurmd is told it), and neither needs to resolve: both are given 127.0.0.1.
+        self.controller = socket.gethostname().split(".")[0]
+        self.node = "sqboxnode"
         self.daemons = []  # (name, Popen, log path), in start order
 
     # Commands as the user.
@@ -182,7 +185,7 @@ def write_config(cluster, munge_socket):
     cpus = max(2, os.cpu_count() or 1)
     text = f"""\
 ClusterName=sqboxtest
-SlurmctldHost={cluster.node}(127.0.0.1)
+SlurmctldHost={cluster.controller}(127.0.0.1)
 SlurmctldPort={free_port()}
 SlurmdPort={free_port()}
 SlurmUser=root
