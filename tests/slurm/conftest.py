@@ -82,6 +82,7 @@ class Cluster:
         self.controller = socket.gethostname().split(".")[0]
         self.node = "sqboxnode"
         self.daemons = []  # (name, Popen, log path), in start order
+        self.cgroups_before = slurm_cgroups()  # Slurm's own, to remove those it adds
 
     # Commands as the user.
 
@@ -328,7 +329,6 @@ def slurm(request):
     root = Path(tempfile.mkdtemp(prefix="sqbox-slurm-", dir="/tmp"))
     root.chmod(0o755)
     cluster = Cluster(root, TEST_USER, request.param)
-    cluster.cgroups_before = slurm_cgroups()
     # A SIGTERM (CI's `timeout`) must still stop the daemons: pytest tears down on
     # KeyboardInterrupt.
     previous = signal.signal(signal.SIGTERM, interrupt)
