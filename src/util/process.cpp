@@ -28,7 +28,8 @@ pid_t clone_process(unsigned long namespace_flags, const char* purpose) {
                 " (unprivileged user namespaces are disabled on this host: check "
                 "/proc/sys/user/max_user_namespaces and kernel.unprivileged_userns_clone)";
         }
-        throw Error(std::string("cannot create ") + purpose + ": " + std::strerror(err) + hint);
+        throw Error(std::string("cannot create ") + purpose + ": " + std::strerror(err) + hint,
+                    err);
     }
     return static_cast<pid_t>(pid);
 }
