@@ -199,7 +199,7 @@ HostCheck check_image(const std::string& given, bool fuse_usable) {
 
 HostCheck skipped(const char* name) {
     return {name, CheckStatus::kSkipped, "not tried: it needs a user namespace",
-            "nothing until user namespaces work", "fix user_namespaces first"};
+            "cannot tell before user namespaces work", "the fix of user_namespaces"};
 }
 
 bool profile_for_sqbox_loaded(const UserNamespaceFacts& facts) {

@@ -233,9 +233,9 @@ std::vector<AppArmorProfile> loaded_apparmor_profiles() {
 }
 
 std::string parse_apparmor_label(std::string_view label) {
-    label = trim(label);
     // The label may end in a NUL the kernel counts in the file's size.
     while (!label.empty() && label.back() == '\0') label.remove_suffix(1);
+    label = trim(label);
     const size_t mode = label.rfind(" (");
     if (mode != std::string_view::npos && label.back() == ')') label = label.substr(0, mode);
     return std::string(label);
