@@ -234,7 +234,7 @@ UserNamespaceFacts gather_user_namespace_facts() {
     facts.apparmor_label = own_apparmor_label();
     facts.apparmor_profiles = loaded_apparmor_profiles();
     facts.seccomp_mode = own_seccomp_mode();
-    facts.root = ::geteuid() == 0;
+    facts.root = host_root();
     std::error_code ec;
     facts.executable = std::filesystem::read_symlink("/proc/self/exe", ec).string();
     return facts;

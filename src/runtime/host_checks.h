@@ -49,8 +49,8 @@ struct UserNamespaceFacts {
     std::string apparmor_label;                     // this process's profile; "" without AppArmor
     std::vector<AppArmorProfile> apparmor_profiles;
     std::optional<int> seccomp_mode;  // of this process: 2 under a container's filter
-    bool root = false;                // the host's root: the sysctls above do not bind it
-    std::string executable;           // this binary's path, which an AppArmor profile names
+    bool root = false;       // root of the initial user namespace: the sysctls above do not bind it
+    std::string executable;  // this binary's path, which an AppArmor profile names
 };
 UserNamespaceFacts gather_user_namespace_facts();
 HostCheck diagnose_user_namespaces(const UserNamespaceFacts& facts);

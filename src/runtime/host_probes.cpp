@@ -252,6 +252,24 @@ std::string own_apparmor_label() {
     return "";
 }
 
+bool is_initial_uid_map(std::string_view uid_map) {
+    // "0 0 4294967295", however the columns are padded.
+    std::vector<std::string_view> fields;
+    uid_map = trim(uid_map);
+    while (!uid_map.empty()) {
+        const size_t end = std::min(uid_map.find_first_of(" \t\n"), uid_map.size());
+        fields.push_back(uid_map.substr(0, end));
+        uid_map = trim(uid_map.substr(end));
+    }
+    return fields.size() == 3 && fields[0] == "0" && fields[1] == "0" && fields[2] == "4294967295";
+}
+
+bool host_root() {
+    if (::geteuid() != 0) return false;
+    std::optional<std::string> uid_map = read_small_file("/proc/self/uid_map");
+    return uid_map && is_initial_uid_map(*uid_map);
+}
+
 KernelRelease kernel_release() {
     KernelRelease kernel;
     const SeccompTarget target = sandbox_seccomp_target();

@@ -58,6 +58,13 @@ std::string parse_apparmor_label(std::string_view label);
 // This process's AppArmor profile ("unconfined" when none applies); "" without AppArmor.
 std::string own_apparmor_label();
 
+// Whether `uid_map` (the text of /proc/self/uid_map) is the initial user namespace's: all ids
+// mapped to themselves. Root there is exempt from the restrictions on unprivileged user
+// namespaces; root of a container's user namespace is not.
+bool is_initial_uid_map(std::string_view uid_map);
+// The caller is root of the initial user namespace.
+bool host_root();
+
 // The running kernel's release ("6.1.0-18-amd64") and its major and minor numbers.
 struct KernelRelease {
     std::string release;

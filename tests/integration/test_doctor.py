@@ -196,14 +196,30 @@ def test_seccomp_denying_user_namespaces_is_named(sqbox_bin, busybox_image):
     assert run.returncode == 125, run.stderr
 
 
-def test_user_namespace_limit_is_named(sqbox_bin):
+def test_user_namespace_limit_is_named(sqbox_bin, busybox_image):
     needs_bwrap()
-    status, checks = doctor_json(sqbox_bin, prefix=bwrap("--disable-userns"))
+    prefix = bwrap("--disable-userns")
+    status, checks = doctor_json(sqbox_bin, prefix=prefix)
     user_namespaces = checks["user_namespaces"]
     assert user_namespaces["status"] == "missing"
     assert "No space left on device" in user_namespaces["found"]
     assert "user.max_user_namespaces" in user_namespaces["fix"]
     assert status == RUN_FAILS
+    run = subprocess.run([*prefix, sqbox_bin, "run", busybox_image, "--", "true"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert run.returncode == 125
+    assert "sqbox doctor" in run.stderr
+
+
+def test_leaves_no_cgroup_behind(sqbox_bin):
+    # As root, the cgroup check makes the sandbox's cgroup (named after doctor's pid) and removes
+    # it; an ordinary user gets none.
+    process = subprocess.Popen([sqbox_bin, "doctor"], stdout=subprocess.DEVNULL)
+    assert process.wait(timeout=60) in (RUN_WORKS, RUN_FAILS)
+    prefix = f"sqbox-{process.pid}-"
+    left = [os.path.join(parent, name) for parent, dirs, _ in os.walk("/sys/fs/cgroup")
+            for name in dirs if name.startswith(prefix)]
+    assert left == []
 
 
 def test_bad_images(sqbox_bin, tmp_path):
@@ -217,6 +233,10 @@ def test_bad_images(sqbox_bin, tmp_path):
         assert checks["image"]["status"] == "missing"
         assert message in checks["image"]["found"]
         assert "refuses the image" in checks["image"]["action"]
+        run = subprocess.run([sqbox_bin, "run", str(image), "--", "true"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, timeout=60)
+        assert run.returncode == 125
+        assert checks["image"]["found"] in run.stderr
     # A FIFO is neither an image nor a directory, and must not hang doctor.
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)

@@ -59,6 +59,14 @@ TEST(HostProbes, AppArmorLabels) {
     EXPECT_EQ(parse_apparmor_label("/usr/bin/sqbox (enforce)"), "/usr/bin/sqbox");
 }
 
+TEST(HostProbes, InitialUserNamespaceMap) {
+    EXPECT_TRUE(is_initial_uid_map("         0          0 4294967295\n"));
+    EXPECT_FALSE(is_initial_uid_map("         0       1000          1\n"));
+    EXPECT_FALSE(is_initial_uid_map("         0          0      65536\n"));
+    EXPECT_FALSE(is_initial_uid_map("0 0 4294967295\n1 1 1\n"));
+    EXPECT_FALSE(is_initial_uid_map(""));
+}
+
 // A refused user namespace on an unprivileged Ubuntu-like host, unless a test changes it.
 UserNamespaceFacts refused(int error) {
     UserNamespaceFacts facts;
