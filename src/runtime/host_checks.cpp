@@ -22,9 +22,10 @@ constexpr unsigned kMinimumKernelMinor = 12;
 constexpr const char* kNoSandbox = "refuses to run: every sandbox is built in a user namespace";
 
 constexpr const char* kSeccompFix =
-    "let the container create user namespaces: in Kubernetes the pod's "
+    "let the container create namespaces: in Kubernetes the pod's "
     "securityContext.seccompProfile.type: Unconfined (or a Localhost profile that allows clone, "
-    "clone3 and unshare with CLONE_NEWUSER); in Docker --security-opt seccomp=unconfined";
+    "clone3 and unshare with CLONE_NEWUSER and the other namespace flags); in Docker "
+    "--security-opt seccomp=unconfined";
 
 constexpr const char* kAppArmorProfileFix =
     "install sqbox's AppArmor profile as /etc/apparmor.d/sqbox (the package ships it) and load "
@@ -245,7 +246,9 @@ HostCheck diagnose_user_namespaces(const UserNamespaceFacts& facts) {
     const bool restricted_by_apparmor = !facts.root && facts.apparmor_restrict == 1;
     const bool unconfined = facts.apparmor_label.empty() || facts.apparmor_label == "unconfined";
     if (facts.probe.ok) {
-        check.found = "created one, mapped your ids and mounted in it";
+        check.found =
+            "created one, mapped your ids, mounted in it and made the sandbox's other "
+            "namespaces in it";
         if (restricted_by_apparmor && !unconfined) {
             check.found += " (allowed by the AppArmor profile '" + facts.apparmor_label + "')";
         }

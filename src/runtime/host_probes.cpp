@@ -17,6 +17,7 @@
 #include <functional>
 
 #include "runtime/mounts.h"
+#include "runtime/supervisor.h"
 #include "runtime/user_namespace.h"
 #include "security/seccomp_filter.h"
 #include "util/errors.h"
@@ -109,6 +110,11 @@ ProbeResult probe_user_namespace() {
     return probe_in_child(CLONE_NEWUSER | CLONE_NEWNS, "a user namespace", [ids = own_ids()] {
         enter_probe_namespaces(ids);
         (void)create_filesystem("tmpfs", {}, 0, "a tmpfs in a user namespace");
+        // And the sandbox's other namespaces: a container's seccomp profile may deny those too.
+        if (::unshare((kSandboxNamespaces & ~CLONE_NEWNS) | CLONE_NEWNET | CLONE_NEWCGROUP) != 0) {
+            throw system_error(
+                "cannot create the pid, ipc, uts, network and cgroup namespaces in it");
+        }
     });
 }
 

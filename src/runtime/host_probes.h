@@ -18,8 +18,8 @@ struct ProbeResult {
 };
 
 // Clones a child into a new user + mount namespace (as the launcher clones the supervisor), maps
-// the caller's ids and creates a tmpfs in it: a namespace that is created but grants no
-// capabilities (Ubuntu's AppArmor restriction) fails at that last step.
+// the caller's ids, creates a tmpfs in it and then the sandbox's other namespaces: a namespace
+// that is created but grants no capabilities (Ubuntu's AppArmor restriction) fails at the tmpfs.
 ProbeResult probe_user_namespace();
 
 // Same, then mounts an overlay (tmpfs below and above) as the sandbox's root is mounted.

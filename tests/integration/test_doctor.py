@@ -144,8 +144,12 @@ SECCOMP_ARCHES = {
 }
 
 
-def deny_user_namespaces_filter():
-    """Classic BPF for bwrap --seccomp: clone and unshare with CLONE_NEWUSER fail with EPERM and
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWNET = 0x40000000
+
+
+def deny_namespaces_filter(flags):
+    """Classic BPF for bwrap --seccomp: clone and unshare with any of `flags` fail with EPERM and
     clone3 with ENOSYS, as Docker's and containerd's default profile have it for a process
     without CAP_SYS_ADMIN; everything else is allowed."""
     numbers = SECCOMP_ARCHES.get(platform.machine())
@@ -153,7 +157,7 @@ def deny_user_namespaces_filter():
         pytest.skip(f"no system call numbers for {platform.machine()} in this test")
     ld_abs, jeq, jset, ret = 0x20, 0x15, 0x45, 0x06
     allow, errno = 0x7FFF0000, 0x00050000
-    clone_newuser, eperm, enosys = 0x10000000, 1, 38
+    eperm, enosys = 1, 38
     program = [
         (ld_abs, 0, 0, 4),                      # 0: arch
         (jeq, 0, 7, numbers["arch"]),           # 1: another arch: allow (9)
@@ -163,7 +167,7 @@ def deny_user_namespaces_filter():
         (jeq, 1, 0, numbers["clone"]),          # 5: -> flags (7)
         (ret, 0, 0, allow),                     # 6
         (ld_abs, 0, 0, 16),                     # 7: low half of the first argument
-        (jset, 1, 0, clone_newuser),            # 8: -> EPERM (10)
+        (jset, 1, 0, flags),                    # 8: -> EPERM (10)
         (ret, 0, 0, allow),                     # 9
         (ret, 0, 0, errno | eperm),             # 10
         (ret, 0, 0, errno | enosys),            # 11
@@ -171,10 +175,13 @@ def deny_user_namespaces_filter():
     return b"".join(struct.pack("=HBBI", *instruction) for instruction in program)
 
 
-def test_seccomp_denying_user_namespaces_is_named(sqbox_bin, busybox_image):
+# Docker's profile denies every namespace flag; a profile that allows user namespaces but not
+# the others stops the sandbox as surely.
+@pytest.mark.parametrize("flags", [CLONE_NEWUSER, CLONE_NEWNET], ids=["user", "network"])
+def test_seccomp_denying_namespaces_is_named(sqbox_bin, busybox_image, flags):
     needs_bwrap()
     with tempfile.TemporaryFile() as program:
-        program.write(deny_user_namespaces_filter())
+        program.write(deny_namespaces_filter(flags))
         program.seek(0)
         fd = program.fileno()
         prefix = bwrap("--seccomp", str(fd))
@@ -188,6 +195,8 @@ def test_seccomp_denying_user_namespaces_is_named(sqbox_bin, busybox_image):
     assert "seccomp filter (Seccomp: 2" in user_namespaces["found"]
     assert "Operation not permitted" in user_namespaces["found"]
     assert "seccompProfile.type: Unconfined" in user_namespaces["fix"]
+    step = "user namespace" if flags == CLONE_NEWUSER else "network and cgroup namespaces"
+    assert step in user_namespaces["found"]
     assert "refuses to run" in user_namespaces["action"]
     assert "stays in force" in checks["seccomp"]["found"]
     for name in ("overlayfs", "proc"):
