@@ -27,6 +27,9 @@ constexpr const char* kSeccompFix =
     "clone3 and unshare with CLONE_NEWUSER and the other namespace flags); in Docker "
     "--security-opt seccomp=unconfined";
 
+// Where the package installs sqbox's AppArmor profile (packaging/apparmor/sqbox).
+constexpr const char* kInstalledProfile = "/etc/apparmor.d/sqbox";
+
 constexpr const char* kAppArmorProfileFix =
     "install sqbox's AppArmor profile as /etc/apparmor.d/sqbox (the package ships it) and load "
     "it: sudo apparmor_parser -r /etc/apparmor.d/sqbox; or lift the restriction for everyone: "
@@ -234,6 +237,7 @@ UserNamespaceFacts gather_user_namespace_facts() {
     facts.apparmor_restrict = read_sysctl("kernel/apparmor_restrict_unprivileged_userns");
     facts.apparmor_label = own_apparmor_label();
     facts.apparmor_profiles = loaded_apparmor_profiles();
+    facts.installed_profile = read_small_file(kInstalledProfile);
     facts.seccomp_mode = own_seccomp_mode();
     facts.root = host_root();
     std::error_code ec;
@@ -286,12 +290,17 @@ HostCheck diagnose_user_namespaces(const UserNamespaceFacts& facts) {
             "(kernel.apparmor_restrict_unprivileged_userns = 1) and no profile applies "
             "to " +
             (facts.executable.empty() ? std::string("sqbox") : facts.executable);
-        if (profile_for_sqbox_loaded(facts)) {
-            check.found += "; the loaded profile 'sqbox' names another path";
-            check.fix = "install sqbox at the path /etc/apparmor.d/sqbox names, or add " +
-                        facts.executable +
-                        " to that profile and reload it: sudo apparmor_parser -r "
-                        "/etc/apparmor.d/sqbox";
+        const bool installed = facts.installed_profile.has_value();
+        if (installed && facts.installed_profile->find(facts.executable) != std::string::npos &&
+            !profile_for_sqbox_loaded(facts)) {
+            check.found += "; " + std::string(kInstalledProfile) + " names it but is not loaded";
+            check.fix = "load it: sudo apparmor_parser -r " + std::string(kInstalledProfile);
+        } else if (installed || profile_for_sqbox_loaded(facts)) {
+            check.found += "; sqbox's profile is there for another path";
+            check.fix = "run sqbox from the path " + std::string(kInstalledProfile) +
+                        " names, or add " + facts.executable +
+                        " to that profile and reload it: sudo apparmor_parser -r " +
+                        kInstalledProfile;
         } else {
             check.fix = kAppArmorProfileFix;
         }

@@ -43,11 +43,12 @@ bool run_will_work(const std::vector<HostCheck>& checks);
 // What explains a user namespace refused (or granted) here.
 struct UserNamespaceFacts {
     ProbeResult probe;
-    std::optional<long> max_user_namespaces;        // user.max_user_namespaces
-    std::optional<long> unprivileged_userns_clone;  // kernel.unprivileged_userns_clone (Debian)
-    std::optional<long> apparmor_restrict;          // kernel.apparmor_restrict_unprivileged_userns
-    std::string apparmor_label;                     // this process's profile; "" without AppArmor
-    std::vector<AppArmorProfile> apparmor_profiles;
+    std::optional<long> max_user_namespaces;         // user.max_user_namespaces
+    std::optional<long> unprivileged_userns_clone;   // kernel.unprivileged_userns_clone (Debian)
+    std::optional<long> apparmor_restrict;           // kernel.apparmor_restrict_unprivileged_userns
+    std::string apparmor_label;                      // this process's profile; "" without AppArmor
+    std::vector<AppArmorProfile> apparmor_profiles;  // readable by root only
+    std::optional<std::string> installed_profile;    // the text of /etc/apparmor.d/sqbox
     std::optional<int> seccomp_mode;  // of this process: 2 under a container's filter
     bool root = false;       // root of the initial user namespace: the sysctls above do not bind it
     std::string executable;  // this binary's path, which an AppArmor profile names

@@ -27,17 +27,6 @@
 namespace sqbox {
 namespace {
 
-// The small text file at `path`, or nullopt when it cannot be read.
-std::optional<std::string> read_small_file(const std::string& path) {
-    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!fd) return std::nullopt;
-    try {
-        return read_all(fd.get(), path);
-    } catch (const Error&) {
-        return std::nullopt;
-    }
-}
-
 std::string_view trim(std::string_view text) {
     while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) {
         text.remove_prefix(1);
@@ -105,6 +94,16 @@ void enter_probe_namespaces(const IdMapping& ids) {
 }
 
 }  // namespace
+
+std::optional<std::string> read_small_file(const std::string& path) {
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd) return std::nullopt;
+    try {
+        return read_all(fd.get(), path);
+    } catch (const Error&) {
+        return std::nullopt;
+    }
+}
 
 ProbeResult probe_user_namespace() {
     return probe_in_child(CLONE_NEWUSER | CLONE_NEWNS, "a user namespace", [ids = own_ids()] {

@@ -35,6 +35,9 @@ ProbeResult probe_fuse_device();
 // Whether seccomp filters can be installed here (SECCOMP_GET_ACTION_AVAIL).
 ProbeResult probe_seccomp_filters();
 
+// The text of a small file of /proc, /sys or /etc; nullopt when it cannot be read.
+std::optional<std::string> read_small_file(const std::string& path);
+
 // A sysctl file's value ("1\n" -> 1); nullopt when the text is not a number.
 std::optional<long> parse_sysctl_value(std::string_view text);
 // The value of /proc/sys/`name` ("user/max_user_namespaces"); nullopt when absent or unreadable.

@@ -137,7 +137,26 @@ TEST(HostChecks, AppArmorProfileLoadedForAnotherPath) {
     facts.executable = "/home/me/sqbox/build/sqbox";
     facts.apparmor_profiles = {{"sqbox", "unconfined"}};
     const HostCheck check = diagnose_user_namespaces(facts);
-    EXPECT_NE(check.found.find("the loaded profile 'sqbox' names another path"), std::string::npos);
+    EXPECT_NE(check.found.find("sqbox's profile is there for another path"), std::string::npos);
+    EXPECT_NE(check.fix.find("add /home/me/sqbox/build/sqbox to that profile"), std::string::npos);
+}
+
+TEST(HostChecks, AppArmorProfileInstalledButNotLoaded) {
+    // An ordinary user cannot read the loaded profiles, but can read the installed one.
+    UserNamespaceFacts facts = refused(EPERM);
+    facts.apparmor_restrict = 1;
+    facts.apparmor_label = "unconfined";
+    facts.installed_profile =
+        "abi <abi/4.0>,\nprofile sqbox /usr/bin/sqbox flags=(unconfined) {\n"
+        "  userns,\n}\n";
+    HostCheck check = diagnose_user_namespaces(facts);
+    EXPECT_NE(check.found.find("/etc/apparmor.d/sqbox names it but is not loaded"),
+              std::string::npos);
+    EXPECT_EQ(check.fix, "load it: sudo apparmor_parser -r /etc/apparmor.d/sqbox");
+    // Run from a build tree: the installed profile is for another path.
+    facts.executable = "/home/me/sqbox/build/sqbox";
+    check = diagnose_user_namespaces(facts);
+    EXPECT_NE(check.found.find("sqbox's profile is there for another path"), std::string::npos);
     EXPECT_NE(check.fix.find("add /home/me/sqbox/build/sqbox to that profile"), std::string::npos);
 }
 
