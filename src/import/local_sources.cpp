@@ -291,15 +291,42 @@ ImageLayers load_oci_layout(BlobStore& store, const std::string& ref,
     return image;
 }
 
-// `docker save`'s manifest.json, or nullopt when the archive has none.
+// Names like "<hex>.json" or "blobs/sha256/<hex>" carry the digest of what they hold.
+std::string named_digest(const std::string& name) {
+    std::string base = name.substr(name.rfind('/') == std::string::npos ? 0 : name.rfind('/') + 1);
+    if (base.size() > 5 && base.compare(base.size() - 5, 5, ".json") == 0) {
+        base.resize(base.size() - 5);
+    }
+    const std::string digest = "sha256:" + base;
+    return is_sha256_digest(digest) ? digest : std::string();
+}
+
+// The entry of manifest.json whose configuration is `image_id` (a daemon's image ID), or the only
+// entry; nullptr when neither (a daemon whose IDs are manifest digests sends one image anyway).
+const nlohmann::json* entry_of_image_id(const nlohmann::json& manifest,
+                                        const std::string& image_id) {
+    for (const nlohmann::json& entry : manifest) {
+        if (named_digest(string_member(entry, "Config")) == image_id) return &entry;
+    }
+    return manifest.size() == 1 ? &manifest.front() : nullptr;
+}
+
+// `docker save`'s manifest.json, or nullopt when the archive has none. `image_id`, when set,
+// picks the image instead of `ref`.
 std::optional<ImageLayers> load_docker_manifest(BlobStore& store, const std::string& ref,
-                                                const std::string& what) {
+                                                const std::string& what,
+                                                const std::string& image_id = {}) {
     std::optional<Blob> manifest_blob = store.find("manifest.json");
     if (!manifest_blob) return std::nullopt;
     const nlohmann::json manifest = read_json(manifest_blob->file, what + " (manifest.json)");
     if (!manifest.is_array() || manifest.empty()) throw Error(what + ": empty manifest.json");
     const nlohmann::json* chosen = nullptr;
+    if (!image_id.empty()) {
+        chosen = entry_of_image_id(manifest, image_id);
+        if (chosen == nullptr) throw Error(what + ": no image " + image_id + " in the archive");
+    }
     for (const nlohmann::json& entry : manifest) {
+        if (!image_id.empty()) break;
         bool match = ref.empty();
         if (!ref.empty() && entry.contains("RepoTags") && entry["RepoTags"].is_array()) {
             for (const nlohmann::json& tag : entry["RepoTags"]) match = match || tag == ref;
@@ -310,16 +337,6 @@ std::optional<ImageLayers> load_docker_manifest(BlobStore& store, const std::str
     }
     if (chosen == nullptr) throw Error(what + ": no image named '" + ref + "'");
 
-    // Names like "<hex>.json" or "blobs/sha256/<hex>" carry the digest of what they hold.
-    auto named_digest = [](const std::string& name) -> std::string {
-        std::string base =
-            name.substr(name.rfind('/') == std::string::npos ? 0 : name.rfind('/') + 1);
-        if (base.size() > 5 && base.compare(base.size() - 5, 5, ".json") == 0) {
-            base.resize(base.size() - 5);
-        }
-        const std::string digest = "sha256:" + base;
-        return is_sha256_digest(digest) ? digest : std::string();
-    };
     const std::string config_name = string_member(*chosen, "Config");
     std::optional<Blob> config_blob = store.find(config_name);
     if (!config_blob) throw Error(what + ": the image's configuration is missing");
@@ -448,6 +465,17 @@ std::unique_ptr<LocalImage> open_local_image(const std::string& uri,
         local->image = load_oci_layout(store, parsed.ref, architecture, what);
     }
     return local;
+}
+
+void load_docker_archive(LocalImage& local, const std::filesystem::path& archive,
+                         const std::string& image_id, const std::string& what) {
+    const std::string architecture = host_go_architecture();
+    ArchiveStore store(archive, local.scratch);
+    // The members are copied out: the archive's own space is free again before the image is
+    // written.
+    if (::unlink(archive.c_str()) != 0) throw system_error("cannot remove " + archive.string());
+    std::optional<ImageLayers> image = load_docker_manifest(store, "", what, image_id);
+    local.image = image ? std::move(*image) : load_oci_layout(store, "", architecture, what);
 }
 
 }  // namespace sqbox
