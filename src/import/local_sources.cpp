@@ -137,7 +137,9 @@ std::string normal_member_name(const std::string& name) {
 // from the archive are keys, never paths), each with its digest; symlinks as aliases.
 class ArchiveStore : public BlobStore {
   public:
-    ArchiveStore(const std::filesystem::path& archive_file, const std::filesystem::path& scratch);
+    // `what` names the archive in messages (its path, unless it is a scratch file).
+    ArchiveStore(const std::filesystem::path& archive_file, const std::filesystem::path& scratch,
+                 const std::string& what);
     std::optional<Blob> find(const std::string& name) override {
         std::string key = normal_member_name(name);
         for (int hop = 0; hop <= kMaxAliasHops; ++hop) {
@@ -155,8 +157,7 @@ class ArchiveStore : public BlobStore {
 };
 
 ArchiveStore::ArchiveStore(const std::filesystem::path& archive_file,
-                           const std::filesystem::path& scratch) {
-    const std::string what = archive_file.string();
+                           const std::filesystem::path& scratch, const std::string& what) {
     UniqueFd fd(::open(archive_file.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY));
     if (!fd) throw system_error("cannot open " + what);
     struct archive* reader = archive_read_new();
@@ -456,7 +457,7 @@ std::unique_ptr<LocalImage> open_local_image(const std::string& uri,
         throw system_error("cannot create the scratch directory " + scratch.string());
     }
     local->scratch = scratch;
-    ArchiveStore store(parsed.path, scratch);
+    ArchiveStore store(parsed.path, scratch, what);
     if (parsed.scheme == "docker-archive") {
         std::optional<ImageLayers> image = load_docker_manifest(store, parsed.ref, what);
         local->image =
@@ -470,7 +471,7 @@ std::unique_ptr<LocalImage> open_local_image(const std::string& uri,
 void load_docker_archive(LocalImage& local, const std::filesystem::path& archive,
                          const std::string& image_id, const std::string& what) {
     const std::string architecture = host_go_architecture();
-    ArchiveStore store(archive, local.scratch);
+    ArchiveStore store(archive, local.scratch, what);
     // The members are copied out: the archive's own space is free again before the image is
     // written.
     if (::unlink(archive.c_str()) != 0) throw system_error("cannot remove " + archive.string());
