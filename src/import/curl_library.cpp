@@ -25,7 +25,9 @@ CurlLibrary load() {
         if (handle != nullptr) break;
     }
     if (handle == nullptr) {
-        throw Error("registry imports need libcurl, which is not installed (Debian: libcurl4)");
+        throw Error(
+            "imports from registries and engines need libcurl, which is not installed (Debian: "
+            "libcurl4)");
     }
     // The library stays loaded for the life of the process: no dlclose.
     CurlLibrary library{};
