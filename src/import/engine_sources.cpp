@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <regex>
 
 #include <nlohmann/json.hpp>
@@ -221,10 +222,14 @@ std::unique_ptr<LocalImage> open_engine_image(const std::string& uri,
     request.what = "the archive of " + engine.reference.image + " from " + engine.where();
     request.unix_socket = engine.socket;
     request.body_fd = fd.get();
+    request.digest_body = false;  // the archive has no digest; each blob in it is checked
     // `docker save` holds the layers as the engine stores them (uncompressed, or as pulled, and
     // for a multi-platform image perhaps more than one platform's): room for that, but an
     // endless or runaway stream stops here rather than at a full disk.
-    request.max_body_size = 2 * info.size + kArchiveSlackBytes;
+    constexpr int64_t kLargest = std::numeric_limits<int64_t>::max();
+    request.max_body_size = info.size > (kLargest - kArchiveSlackBytes) / 2
+                                ? kLargest  // a size no disk holds: the disk is the bound
+                                : 2 * info.size + kArchiveSlackBytes;
     // An engine may write the whole archive aside before it sends a byte (podman does).
     const HttpResponse response = perform_requests({request}, engine_settings(600)).front();
     engine.check(response);

@@ -154,7 +154,7 @@ size_t on_body(char* data, size_t size, size_t count, void* user) {
                                system_error("write", errno).what();
             return 0;
         }
-        transfer.hash->update(data, length);
+        if (transfer.hash) transfer.hash->update(data, length);
     } else {
         transfer.response.body.append(data, length);
     }
@@ -191,7 +191,8 @@ void start_attempt(Transfer& transfer) {
         if (::ftruncate(request.body_fd, 0) != 0 || ::lseek(request.body_fd, 0, SEEK_SET) != 0) {
             throw system_error("cannot rewind the download of " + request.what);
         }
-        transfer.hash.emplace();
+        transfer.hash.reset();
+        if (request.digest_body) transfer.hash.emplace();
     }
     transfer.easy.reset(curl_library().easy_init());
     if (!transfer.easy) throw Error("cannot create a libcurl handle");
@@ -378,7 +379,7 @@ std::vector<HttpResponse> perform_requests(const std::vector<HttpRequest>& reque
                 waiting.push_back(&transfer);
                 continue;
             }
-            if (transfer.success_body() && transfer.request->body_fd >= 0) {
+            if (transfer.success_body() && transfer.hash) {
                 transfer.response.body_digest = transfer.hash->digest();
             }
             responses[transfer.index] = std::move(transfer.response);
