@@ -154,7 +154,7 @@ size_t on_body(char* data, size_t size, size_t count, void* user) {
                                system_error("write", errno).what();
             return 0;
         }
-        if (transfer.hash) transfer.hash->update(data, length);
+        transfer.hash->update(data, length);
     } else {
         transfer.response.body.append(data, length);
     }
@@ -191,8 +191,7 @@ void start_attempt(Transfer& transfer) {
         if (::ftruncate(request.body_fd, 0) != 0 || ::lseek(request.body_fd, 0, SEEK_SET) != 0) {
             throw system_error("cannot rewind the download of " + request.what);
         }
-        transfer.hash.reset();
-        if (request.digest_body) transfer.hash.emplace();
+        transfer.hash.emplace();
     }
     transfer.easy.reset(curl_library().easy_init());
     if (!transfer.easy) throw Error("cannot create a libcurl handle");
@@ -379,7 +378,7 @@ std::vector<HttpResponse> perform_requests(const std::vector<HttpRequest>& reque
                 waiting.push_back(&transfer);
                 continue;
             }
-            if (transfer.success_body() && transfer.hash) {
+            if (transfer.success_body() && transfer.request->body_fd >= 0) {
                 transfer.response.body_digest = transfer.hash->digest();
             }
             responses[transfer.index] = std::move(transfer.response);

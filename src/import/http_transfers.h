@@ -38,7 +38,6 @@ struct HttpRequest {
     // SHA-256 computed on the way, or memory up to `max_body_size` bytes.
     int body_fd = -1;
     int64_t max_body_size = 4 << 20;  // for a file: its declared size, -1 unknown
-    bool digest_body = true;          // a file body's SHA-256 (off: its parts are checked later)
 };
 
 struct HttpResponse {

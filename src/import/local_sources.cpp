@@ -137,8 +137,9 @@ std::string normal_member_name(const std::string& name) {
 // from the archive are keys, never paths), each with its digest; symlinks as aliases.
 class ArchiveStore : public BlobStore {
   public:
-    // `what` names the archive in messages (its path, unless it is a scratch file).
-    ArchiveStore(const std::filesystem::path& archive_file, const std::filesystem::path& scratch,
+    // Reads the archive from `fd` (a file, or a stream when `is_stream`); `what` names it in
+    // messages.
+    ArchiveStore(int fd, bool is_stream, const std::filesystem::path& scratch,
                  const std::string& what);
     std::optional<Blob> find(const std::string& name) override {
         std::string key = normal_member_name(name);
@@ -156,27 +157,34 @@ class ArchiveStore : public BlobStore {
     std::map<std::string, std::string> aliases_;
 };
 
-ArchiveStore::ArchiveStore(const std::filesystem::path& archive_file,
-                           const std::filesystem::path& scratch, const std::string& what) {
-    UniqueFd fd(::open(archive_file.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY));
-    if (!fd) throw system_error("cannot open " + what);
+ArchiveStore::ArchiveStore(int fd, bool is_stream, const std::filesystem::path& scratch,
+                           const std::string& what) {
     struct archive* reader = archive_read_new();
     if (reader == nullptr) throw Error(what + ": out of memory");
     std::unique_ptr<struct archive, int (*)(struct archive*)> owner(reader, archive_read_free);
     if (archive_read_support_filter_gzip(reader) != ARCHIVE_OK ||
         archive_read_support_filter_zstd(reader) != ARCHIVE_OK ||
         archive_read_support_format_tar(reader) != ARCHIVE_OK ||
-        archive_read_open_fd(reader, fd.get(), kCopyBlockBytes) != ARCHIVE_OK) {
+        archive_read_open_fd(reader, fd, kCopyBlockBytes) != ARCHIVE_OK) {
         const char* message = archive_error_string(reader);
         throw Error(what + ": " + (message != nullptr ? message : "not a tar archive"));
     }
     // A compressed archive may expand only as far as a layer may (layer_reader.h): a small
-    // archive must not fill the disk beside the output before anything is checked.
-    struct stat archive_stat {};
-    if (::fstat(fd.get(), &archive_stat) != 0) throw system_error("cannot stat " + what);
-    const uint64_t budget =
-        std::max<uint64_t>(static_cast<uint64_t>(archive_stat.st_size), kCopyBlockBytes) *
-        kMaxExpansionRatio;
+    // archive must not fill the disk beside the output before anything is checked. A stream's
+    // size is not known ahead: what it expanded to so far is held against what was read so far.
+    uint64_t archive_size = 0;
+    if (!is_stream) {
+        struct stat archive_stat {};
+        if (::fstat(fd, &archive_stat) != 0) throw system_error("cannot stat " + what);
+        archive_size = static_cast<uint64_t>(archive_stat.st_size);
+    }
+    auto budget = [&] {
+        const uint64_t read_so_far =
+            is_stream
+                ? static_cast<uint64_t>(std::max<la_int64_t>(0, archive_filter_bytes(reader, -1)))
+                : archive_size;
+        return std::max<uint64_t>(read_so_far, kCopyBlockBytes) * kMaxExpansionRatio;
+    };
     uint64_t copied = 0;
     std::vector<char> buffer(kCopyBlockBytes);
     for (size_t number = 0;; ++number) {
@@ -213,7 +221,7 @@ ArchiveStore::ArchiveStore(const std::filesystem::path& archive_file,
             if (count < 0) throw Error(what + ": " + name + ": " + archive_error_string(reader));
             if (count == 0) break;
             copied += static_cast<uint64_t>(count);
-            if (copied > budget) {
+            if (copied > budget()) {
                 throw Error(what + ": decompresses to more than " +
                             std::to_string(kMaxExpansionRatio) + " times its size; refused");
             }
@@ -457,7 +465,9 @@ std::unique_ptr<LocalImage> open_local_image(const std::string& uri,
         throw system_error("cannot create the scratch directory " + scratch.string());
     }
     local->scratch = scratch;
-    ArchiveStore store(parsed.path, scratch, what);
+    UniqueFd archive_fd(::open(parsed.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY));
+    if (!archive_fd) throw system_error("cannot open " + what);
+    ArchiveStore store(archive_fd.get(), false, scratch, what);
     if (parsed.scheme == "docker-archive") {
         std::optional<ImageLayers> image = load_docker_manifest(store, parsed.ref, what);
         local->image =
@@ -468,13 +478,10 @@ std::unique_ptr<LocalImage> open_local_image(const std::string& uri,
     return local;
 }
 
-void load_docker_archive(LocalImage& local, const std::filesystem::path& archive,
-                         const std::string& image_id, const std::string& what) {
+void load_docker_archive_stream(LocalImage& local, int fd, const std::string& image_id,
+                                const std::string& what) {
     const std::string architecture = host_go_architecture();
-    ArchiveStore store(archive, local.scratch, what);
-    // The members are copied out: the archive's own space is free again before the image is
-    // written.
-    if (::unlink(archive.c_str()) != 0) throw system_error("cannot remove " + archive.string());
+    ArchiveStore store(fd, true, local.scratch, what);
     std::optional<ImageLayers> image = load_docker_manifest(store, "", what, image_id);
     local.image = image ? std::move(*image) : load_oci_layout(store, "", architecture, what);
 }

@@ -18,6 +18,7 @@ import signal
 import socket
 import socketserver
 import subprocess
+import tarfile
 import tempfile
 import threading
 import time
@@ -288,13 +289,19 @@ def fake_engine(path: Path, describe, archive_chunks):
 IMAGE_ID = "sha256:" + "ab" * 32
 
 
-def test_endless_archive_stops_at_the_bound(sqbox_bin, tmp_path):
-    """An engine that reports a 1000-byte image and then sends without end: the import stops at
-    twice the size plus 64 MiB, with one line and nothing left."""
+@pytest.mark.parametrize("content", ["member", "zeros"])
+def test_endless_archive_stops(content, sqbox_bin, tmp_path):
+    """An engine that reports a 1000-byte image and then sends without end. A member of a
+    terabyte: the import stops at twice the size plus 64 MiB. Zeros: the reader sees the tar's end
+    at once and stops, and so does the sender (no hang). One line, nothing left."""
     sent = []
 
     def endless():
-        block = b"\0" * (1 << 20)
+        if content == "member":
+            header = tarfile.TarInfo("layer.tar")
+            header.size = 1 << 40
+            yield header.tobuf(format=tarfile.PAX_FORMAT)
+        block = (b"\1" if content == "member" else b"\0") * (1 << 20)
         while True:
             sent.append(len(block))
             yield block
@@ -308,8 +315,12 @@ def test_endless_archive_stops_at_the_bound(sqbox_bin, tmp_path):
     finally:
         server.shutdown()
         server.server_close()
-    one_line_failure(result, "the archive of hostile from the Docker daemon at ")
-    assert f"is larger than its declared size of {2 * 1000 + (64 << 20)} bytes" in result.stderr
+    if content == "member":
+        one_line_failure(result, "the archive of hostile from the Docker daemon at ")
+        assert f"is larger than {2 * 1000 + (64 << 20)} bytes (twice the image's size" in \
+            result.stderr
+    else:
+        one_line_failure(result, "dockerd://hostile: not an OCI image layout")
     assert sum(sent) < (128 << 20)  # it stopped reading, the engine stopped sending
     assert os.listdir(out) == []
 
