@@ -25,7 +25,9 @@ CurlLibrary load() {
         if (handle != nullptr) break;
     }
     if (handle == nullptr) {
-        throw Error("registry imports need libcurl, which is not installed (Debian: libcurl4)");
+        throw Error(
+            "imports from registries and engines need libcurl, which is not installed (Debian: "
+            "libcurl4)");
     }
     // The library stays loaded for the life of the process: no dlclose.
     CurlLibrary library{};
@@ -33,6 +35,7 @@ CurlLibrary load() {
     resolve(handle, "curl_easy_setopt", library.easy_setopt);
     resolve(handle, "curl_easy_getinfo", library.easy_getinfo);
     resolve(handle, "curl_easy_cleanup", library.easy_cleanup);
+    resolve(handle, "curl_easy_perform", library.easy_perform);
     resolve(handle, "curl_easy_strerror", library.easy_strerror);
     resolve(handle, "curl_slist_append", library.slist_append);
     resolve(handle, "curl_slist_free_all", library.slist_free_all);
