@@ -179,6 +179,12 @@ def test_the_tarball_runs_a_sandbox_in_a_bare_debian(packages, version, make_roo
     result = as_nobody_in(rootfs, "/usr/local/libexec/sqbox/enroot", "version")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() != "" and "sqbox" not in result.stdout
+    # No libcurl in minbase: a registry import says what to install, in one line, and leaves
+    # nothing behind.
+    result = as_nobody_in(rootfs, "sh", "-c", "cd /tmp && sqbox import -o out.sqsh "
+                          "docker://localhost:1/library/debian:12; echo status=$?; ls -A")
+    assert result.stdout.split() == ["status=125"], result.stdout
+    assert result.stderr.count("\n") == 1 and "need libcurl" in result.stderr, result.stderr
     assert (rootfs / "usr/local/share/sqbox/apparmor/sqbox").is_file()
     assert (rootfs / "usr/local/share/doc/sqbox/README.md").is_file()
 
