@@ -2,7 +2,6 @@
 
 #include <dlfcn.h>
 
-#include <mutex>
 #include <string>
 
 #include "util/errors.h"
@@ -61,9 +60,12 @@ CurlLibrary load() {
 }  // namespace
 
 const CurlLibrary& curl_library() {
-    static std::once_flag once;
-    static CurlLibrary library;
-    std::call_once(once, [] { library = load(); });
+    // A function-local static, not std::call_once: load() throws when libcurl is missing, and an
+    // exception must not unwind through glibc's pthread_once, whose cleanup handler is run by
+    // libgcc_s's personality routine while the unwinder is the static libgcc's (the packaged
+    // binary links libgcc statically): that aborts. A throwing initialiser is tried again next
+    // call.
+    static const CurlLibrary library = load();
     return library;
 }
 
