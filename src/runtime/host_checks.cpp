@@ -1,10 +1,12 @@
 #include "runtime/host_checks.h"
 
+#include <fnmatch.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <filesystem>
+#include <sstream>
 
 #include "image/image_source.h"
 #include "image/squashfuse_api.h"
@@ -245,6 +247,48 @@ UserNamespaceFacts gather_user_namespace_facts() {
     return facts;
 }
 
+namespace {
+
+// AppArmor's alternation, {a,b}, expanded (not nested: profiles attach by plain paths); the
+// rest of its globbing is fnmatch's.
+std::vector<std::string> expand_alternations(const std::string& pattern) {
+    const size_t open = pattern.find('{');
+    const size_t close = pattern.find('}', open);
+    if (open == std::string::npos || close == std::string::npos) return {pattern};
+    std::vector<std::string> expanded;
+    const std::string choices = pattern.substr(open + 1, close - open - 1);
+    size_t start = 0;
+    for (;;) {
+        const size_t comma = choices.find(',', start);
+        const std::string choice = choices.substr(start, comma - start);
+        for (std::string& rest : expand_alternations(pattern.substr(close + 1))) {
+            expanded.push_back(pattern.substr(0, open) + choice + rest);
+        }
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+    }
+    return expanded;
+}
+
+}  // namespace
+
+bool profile_attaches_to(const std::string& profile, const std::string& executable) {
+    std::istringstream lines(profile);
+    std::string line;
+    while (std::getline(lines, line)) {
+        std::istringstream words(line);
+        std::string word;
+        words >> word;
+        // "profile NAME ATTACHMENT ..." or "ATTACHMENT ... {"
+        if (word == "profile" && !(words >> word && words >> word)) continue;
+        if (word.empty() || word.front() != '/') continue;
+        for (const std::string& pattern : expand_alternations(word)) {
+            if (::fnmatch(pattern.c_str(), executable.c_str(), FNM_PATHNAME) == 0) return true;
+        }
+    }
+    return false;
+}
+
 HostCheck diagnose_user_namespaces(const UserNamespaceFacts& facts) {
     HostCheck check{"user_namespaces", CheckStatus::kOk, "", "", ""};
     const bool restricted_by_apparmor = !facts.root && facts.apparmor_restrict == 1;
@@ -291,7 +335,7 @@ HostCheck diagnose_user_namespaces(const UserNamespaceFacts& facts) {
             "to " +
             (facts.executable.empty() ? std::string("sqbox") : facts.executable);
         const bool installed = facts.installed_profile.has_value();
-        if (installed && facts.installed_profile->find(facts.executable) != std::string::npos &&
+        if (installed && profile_attaches_to(*facts.installed_profile, facts.executable) &&
             !profile_for_sqbox_loaded(facts)) {
             check.found += "; " + std::string(kInstalledProfile) + " names it but is not loaded";
             check.fix = "load it: sudo apparmor_parser -r " + std::string(kInstalledProfile);

@@ -56,6 +56,10 @@ struct UserNamespaceFacts {
 UserNamespaceFacts gather_user_namespace_facts();
 HostCheck diagnose_user_namespaces(const UserNamespaceFacts& facts);
 
+// Whether an AppArmor profile's text attaches to `executable` (its attachment paths, with
+// AppArmor's {a,b} alternations and * globs).
+bool profile_attaches_to(const std::string& profile, const std::string& executable);
+
 // The fresh /proc and overlayfs checks from their probes' results.
 HostCheck diagnose_fresh_proc(const ProbeResult& probe);
 HostCheck diagnose_overlayfs(const ProbeResult& probe);

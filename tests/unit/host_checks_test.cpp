@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cerrno>
+#include <fstream>
+#include <iterator>
 
 namespace sqbox {
 namespace {
@@ -224,6 +226,19 @@ TEST(HostChecks, RunWorksUnlessSomethingIsMissing) {
     EXPECT_FALSE(run_will_work(checks));
     checks.back().status = CheckStatus::kMissing;
     EXPECT_FALSE(run_will_work(checks));
+}
+
+TEST(HostChecks, ThePackagedProfileAttachesWhereThePackagesInstall) {
+    std::ifstream file(SQBOX_APPARMOR_PROFILE);
+    ASSERT_TRUE(file) << SQBOX_APPARMOR_PROFILE;
+    const std::string profile((std::istreambuf_iterator<char>(file)),
+                              std::istreambuf_iterator<char>());
+    EXPECT_TRUE(profile_attaches_to(profile, "/usr/bin/sqbox"));
+    EXPECT_TRUE(profile_attaches_to(profile, "/usr/local/bin/sqbox"));
+    EXPECT_FALSE(profile_attaches_to(profile, "/home/me/sqbox/build/sqbox"));
+    EXPECT_FALSE(profile_attaches_to(profile, "/usr/bin/sqboxx"));
+    EXPECT_TRUE(profile_attaches_to("/opt/*/bin/sqbox flags=(unconfined) {\n", "/opt/x/bin/sqbox"));
+    EXPECT_FALSE(profile_attaches_to("/opt/*/bin/sqbox {\n", "/opt/x/y/bin/sqbox"));
 }
 
 }  // namespace
