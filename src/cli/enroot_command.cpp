@@ -81,6 +81,8 @@ std::string usage_text(const std::string& program, const std::string& command) {
                "Import a container image from a registry or an archive as a squashfs image.\n\n"
                " Schemes:\n"
                "   docker://[USER@][REGISTRY#]IMAGE[:TAG|@DIGEST]\n"
+               "   dockerd://IMAGE[:TAG]\n"
+               "   podman://IMAGE[:TAG]\n"
                "   oci:DIR[:REF], oci-archive:FILE[:REF], docker-archive:FILE[:REF]\n\n"
                " Options:\n"
                "   -a, --arch    Architecture of the image (defaults to host architecture)\n"

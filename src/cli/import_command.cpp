@@ -7,6 +7,7 @@
 #include <regex>
 
 #include "cli/enroot_settings.h"
+#include "import/engine_sources.h"
 #include "import/image_import.h"
 #include "import/local_sources.h"
 #include "import/registry.h"
@@ -61,8 +62,9 @@ CLI::App* add_import_subcommand(CLI::App& app, ImportArguments& args) {
         "import", "Make a squashfs image (enroot's format) from a registry image or an archive");
     import
         ->add_option("URI", args.uri,
-                     "docker://[USER@][REGISTRY#]IMAGE[:TAG|@DIGEST], oci:DIR[:REF] (or DIR), "
-                     "oci-archive:FILE[:REF] or docker-archive:FILE[:REF]")
+                     "docker://[USER@][REGISTRY#]IMAGE[:TAG|@DIGEST], dockerd://IMAGE, "
+                     "podman://IMAGE, oci:DIR[:REF] (or DIR), oci-archive:FILE[:REF] or "
+                     "docker-archive:FILE[:REF]")
         ->required();
     import->add_option("-o,--output", args.output,
                        "The image file to write (default: enroot's name for URI, in the current "
@@ -111,6 +113,13 @@ std::string default_image_name(const std::string& uri) {
         std::replace(image.begin(), image.end(), '/', '+');
         return tag.empty() ? image : image + "+" + tag;
     }
+    if (is_engine_image_uri(uri)) {
+        // enroot: the image as given, with ':' and '/' as '+'.
+        std::string name = parse_engine_uri(uri).image;
+        std::replace(name.begin(), name.end(), '/', '+');
+        std::replace(name.begin(), name.end(), ':', '+');
+        return name;
+    }
     std::string path = uri;
     for (const char* scheme : {"oci-archive:", "docker-archive:", "oci:"}) {
         if (starts_with(path, scheme)) {
@@ -145,9 +154,15 @@ void import_image(const std::string& uri, const std::filesystem::path& output,
         write_image_from_layers(image, target, options);
         return;
     }
+    if (is_engine_image_uri(uri)) {
+        const std::unique_ptr<LocalImage> local = open_engine_image(uri, target.parent_path());
+        write_image_from_layers(local->image, target, options);
+        return;
+    }
     if (!is_local_image_uri(uri)) {
         throw Error("Invalid image reference: " + uri +
-                    " (docker://, oci:, oci-archive:, docker-archive: or a directory)");
+                    " (docker://, dockerd://, podman://, oci:, oci-archive:, docker-archive: or "
+                    "a directory)");
     }
     LocalSourceOptions local_options;
     local_options.architecture = architecture;
@@ -158,6 +173,7 @@ void import_image(const std::string& uri, const std::filesystem::path& output,
 
 std::string image_digest(const std::string& uri, const std::string& architecture) {
     if (starts_with(uri, "docker://")) return registry_digest(uri, registry_options(architecture));
+    if (is_engine_image_uri(uri)) return inspect_engine_image(uri).id;
     if (!is_local_image_uri(uri)) throw Error("Invalid image reference: " + uri);
     LocalSourceOptions local_options;
     local_options.architecture = architecture;

@@ -1,5 +1,6 @@
-// `sqbox import URI [-o FILE]`: an image from a registry (docker://, import/registry.h) or the
-// local disk (import/local_sources.h) becomes one enroot-style squashfs image. The enroot front
+// `sqbox import URI [-o FILE]`: an image from a registry (docker://, import/registry.h), a local
+// engine (dockerd://, podman://, import/engine_sources.h) or the local disk
+// (import/local_sources.h) becomes one enroot-style squashfs image. The enroot front
 // end's import, load and digest use the same functions.
 #pragma once
 
@@ -25,8 +26,9 @@ CLI::App* add_import_subcommand(CLI::App& app, ImportArguments& args);
 void execute_import(const ImportArguments& args);
 
 // The name enroot gives an imported image without -o (without ".sqsh"): for docker:// URIs
-// "IMAGE+TAG" with '/' as '+' and Docker Hub's "library/" dropped; for local sources the file or
-// directory name without its .tar extension.
+// "IMAGE+TAG" with '/' as '+' and Docker Hub's "library/" dropped; for dockerd:// and podman://
+// the image with '/' and ':' as '+'; for local sources the file or directory name without its
+// .tar extension.
 std::string default_image_name(const std::string& uri);
 
 // Writes the image of `uri` to `output` (which must not exist).

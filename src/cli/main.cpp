@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "cli/doctor_command.h"
 #include "cli/enroot_command.h"
 #include "cli/import_command.h"
 #include "cli/run_command.h"
@@ -30,6 +31,8 @@ int run_main(int argc, char** argv) {
     CLI::App* seccomp_check = sqbox::cli::add_seccomp_subcommand(app, check_args);
     sqbox::cli::ImportArguments import_args;
     CLI::App* import = sqbox::cli::add_import_subcommand(app, import_args);
+    sqbox::cli::DoctorArguments doctor_args;
+    CLI::App* doctor = sqbox::cli::add_doctor_subcommand(app, doctor_args);
 
     // Split "run [OPTIONS] IMAGE [--] COMMAND..." ourselves: CLI11 sees only up to IMAGE.
     std::vector<std::string> words(argv + 1, argv + argc);
@@ -86,6 +89,14 @@ int run_main(int argc, char** argv) {
         try {
             sqbox::cli::execute_import(import_args);
             return 0;
+        } catch (const sqbox::Error& e) {
+            sqbox::print_error(e.what());
+            return sqbox::kExitSqboxFailure;
+        }
+    }
+    if (doctor->parsed()) {
+        try {
+            return sqbox::cli::execute_doctor(doctor_args);
         } catch (const sqbox::Error& e) {
             sqbox::print_error(e.what());
             return sqbox::kExitSqboxFailure;

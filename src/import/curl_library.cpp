@@ -2,7 +2,6 @@
 
 #include <dlfcn.h>
 
-#include <mutex>
 #include <string>
 
 #include "util/errors.h"
@@ -25,7 +24,9 @@ CurlLibrary load() {
         if (handle != nullptr) break;
     }
     if (handle == nullptr) {
-        throw Error("registry imports need libcurl, which is not installed (Debian: libcurl4)");
+        throw Error(
+            "imports from registries and engines need libcurl, which is not installed (Debian: "
+            "libcurl4)");
     }
     // The library stays loaded for the life of the process: no dlclose.
     CurlLibrary library{};
@@ -33,6 +34,7 @@ CurlLibrary load() {
     resolve(handle, "curl_easy_setopt", library.easy_setopt);
     resolve(handle, "curl_easy_getinfo", library.easy_getinfo);
     resolve(handle, "curl_easy_cleanup", library.easy_cleanup);
+    resolve(handle, "curl_easy_perform", library.easy_perform);
     resolve(handle, "curl_easy_strerror", library.easy_strerror);
     resolve(handle, "curl_slist_append", library.slist_append);
     resolve(handle, "curl_slist_free_all", library.slist_free_all);
@@ -58,9 +60,12 @@ CurlLibrary load() {
 }  // namespace
 
 const CurlLibrary& curl_library() {
-    static std::once_flag once;
-    static CurlLibrary library;
-    std::call_once(once, [] { library = load(); });
+    // A function-local static, not std::call_once: load() throws when libcurl is missing, and an
+    // exception must not unwind through glibc's pthread_once, whose cleanup handler is run by
+    // libgcc_s's personality routine while the unwinder is the static libgcc's (the packaged
+    // binary links libgcc statically): that aborts. A throwing initialiser is tried again next
+    // call.
+    static const CurlLibrary library = load();
     return library;
 }
 

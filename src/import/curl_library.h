@@ -12,6 +12,7 @@ struct CurlLibrary {
     CURLcode (*easy_setopt)(CURL*, CURLoption, ...);
     CURLcode (*easy_getinfo)(CURL*, CURLINFO, ...);
     void (*easy_cleanup)(CURL*);
+    CURLcode (*easy_perform)(CURL*);
     const char* (*easy_strerror)(CURLcode);
     curl_slist* (*slist_append)(curl_slist*, const char*);
     void (*slist_free_all)(curl_slist*);

@@ -231,6 +231,10 @@ void start_attempt(Transfer& transfer) {
     set(easy, CURLOPT_WRITEDATA, static_cast<void*>(&transfer));
     set(easy, CURLOPT_PRIVATE, static_cast<void*>(&transfer));
     if (request.head) set(easy, CURLOPT_NOBODY, 1L);
+    if (!request.unix_socket.empty()) {
+        set(easy, CURLOPT_UNIX_SOCKET_PATH, request.unix_socket.c_str());
+        set(easy, CURLOPT_NOPROXY, "*");
+    }
 }
 
 struct MultiDeleter {

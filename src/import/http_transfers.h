@@ -31,6 +31,9 @@ struct HttpRequest {
     std::string authorization;         // the Authorization value, only for `authorization_origin`
     std::string authorization_origin;  // scheme://host:port the credentials belong to
     bool head = false;
+    // A local daemon's unix socket to send the request to instead of the URL's host (an http://
+    // URL; proxies never apply).
+    std::string unix_socket;
     // Where a successful (2xx) body goes: the file `body_fd` (rewound on each attempt) with its
     // SHA-256 computed on the way, or memory up to `max_body_size` bytes.
     int body_fd = -1;

@@ -137,7 +137,10 @@ std::string normal_member_name(const std::string& name) {
 // from the archive are keys, never paths), each with its digest; symlinks as aliases.
 class ArchiveStore : public BlobStore {
   public:
-    ArchiveStore(const std::filesystem::path& archive_file, const std::filesystem::path& scratch);
+    // Reads the archive from `fd` (a file, or a stream when `is_stream`); `what` names it in
+    // messages.
+    ArchiveStore(int fd, bool is_stream, const std::filesystem::path& scratch,
+                 const std::string& what);
     std::optional<Blob> find(const std::string& name) override {
         std::string key = normal_member_name(name);
         for (int hop = 0; hop <= kMaxAliasHops; ++hop) {
@@ -154,28 +157,34 @@ class ArchiveStore : public BlobStore {
     std::map<std::string, std::string> aliases_;
 };
 
-ArchiveStore::ArchiveStore(const std::filesystem::path& archive_file,
-                           const std::filesystem::path& scratch) {
-    const std::string what = archive_file.string();
-    UniqueFd fd(::open(archive_file.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY));
-    if (!fd) throw system_error("cannot open " + what);
+ArchiveStore::ArchiveStore(int fd, bool is_stream, const std::filesystem::path& scratch,
+                           const std::string& what) {
     struct archive* reader = archive_read_new();
     if (reader == nullptr) throw Error(what + ": out of memory");
     std::unique_ptr<struct archive, int (*)(struct archive*)> owner(reader, archive_read_free);
     if (archive_read_support_filter_gzip(reader) != ARCHIVE_OK ||
         archive_read_support_filter_zstd(reader) != ARCHIVE_OK ||
         archive_read_support_format_tar(reader) != ARCHIVE_OK ||
-        archive_read_open_fd(reader, fd.get(), kCopyBlockBytes) != ARCHIVE_OK) {
+        archive_read_open_fd(reader, fd, kCopyBlockBytes) != ARCHIVE_OK) {
         const char* message = archive_error_string(reader);
         throw Error(what + ": " + (message != nullptr ? message : "not a tar archive"));
     }
     // A compressed archive may expand only as far as a layer may (layer_reader.h): a small
-    // archive must not fill the disk beside the output before anything is checked.
-    struct stat archive_stat {};
-    if (::fstat(fd.get(), &archive_stat) != 0) throw system_error("cannot stat " + what);
-    const uint64_t budget =
-        std::max<uint64_t>(static_cast<uint64_t>(archive_stat.st_size), kCopyBlockBytes) *
-        kMaxExpansionRatio;
+    // archive must not fill the disk beside the output before anything is checked. A stream's
+    // size is not known ahead: what it expanded to so far is held against what was read so far.
+    uint64_t archive_size = 0;
+    if (!is_stream) {
+        struct stat archive_stat {};
+        if (::fstat(fd, &archive_stat) != 0) throw system_error("cannot stat " + what);
+        archive_size = static_cast<uint64_t>(archive_stat.st_size);
+    }
+    auto budget = [&] {
+        const uint64_t read_so_far =
+            is_stream
+                ? static_cast<uint64_t>(std::max<la_int64_t>(0, archive_filter_bytes(reader, -1)))
+                : archive_size;
+        return std::max<uint64_t>(read_so_far, kCopyBlockBytes) * kMaxExpansionRatio;
+    };
     uint64_t copied = 0;
     std::vector<char> buffer(kCopyBlockBytes);
     for (size_t number = 0;; ++number) {
@@ -212,7 +221,7 @@ ArchiveStore::ArchiveStore(const std::filesystem::path& archive_file,
             if (count < 0) throw Error(what + ": " + name + ": " + archive_error_string(reader));
             if (count == 0) break;
             copied += static_cast<uint64_t>(count);
-            if (copied > budget) {
+            if (copied > budget()) {
                 throw Error(what + ": decompresses to more than " +
                             std::to_string(kMaxExpansionRatio) + " times its size; refused");
             }
@@ -291,15 +300,42 @@ ImageLayers load_oci_layout(BlobStore& store, const std::string& ref,
     return image;
 }
 
-// `docker save`'s manifest.json, or nullopt when the archive has none.
+// Names like "<hex>.json" or "blobs/sha256/<hex>" carry the digest of what they hold.
+std::string named_digest(const std::string& name) {
+    std::string base = name.substr(name.rfind('/') == std::string::npos ? 0 : name.rfind('/') + 1);
+    if (base.size() > 5 && base.compare(base.size() - 5, 5, ".json") == 0) {
+        base.resize(base.size() - 5);
+    }
+    const std::string digest = "sha256:" + base;
+    return is_sha256_digest(digest) ? digest : std::string();
+}
+
+// The entry of manifest.json whose configuration is `image_id` (a daemon's image ID), or the only
+// entry; nullptr when neither (a daemon whose IDs are manifest digests sends one image anyway).
+const nlohmann::json* entry_of_image_id(const nlohmann::json& manifest,
+                                        const std::string& image_id) {
+    for (const nlohmann::json& entry : manifest) {
+        if (named_digest(string_member(entry, "Config")) == image_id) return &entry;
+    }
+    return manifest.size() == 1 ? &manifest.front() : nullptr;
+}
+
+// `docker save`'s manifest.json, or nullopt when the archive has none. `image_id`, when set,
+// picks the image instead of `ref`.
 std::optional<ImageLayers> load_docker_manifest(BlobStore& store, const std::string& ref,
-                                                const std::string& what) {
+                                                const std::string& what,
+                                                const std::string& image_id = {}) {
     std::optional<Blob> manifest_blob = store.find("manifest.json");
     if (!manifest_blob) return std::nullopt;
     const nlohmann::json manifest = read_json(manifest_blob->file, what + " (manifest.json)");
     if (!manifest.is_array() || manifest.empty()) throw Error(what + ": empty manifest.json");
     const nlohmann::json* chosen = nullptr;
+    if (!image_id.empty()) {
+        chosen = entry_of_image_id(manifest, image_id);
+        if (chosen == nullptr) throw Error(what + ": no image " + image_id + " in the archive");
+    }
     for (const nlohmann::json& entry : manifest) {
+        if (!image_id.empty()) break;
         bool match = ref.empty();
         if (!ref.empty() && entry.contains("RepoTags") && entry["RepoTags"].is_array()) {
             for (const nlohmann::json& tag : entry["RepoTags"]) match = match || tag == ref;
@@ -310,16 +346,6 @@ std::optional<ImageLayers> load_docker_manifest(BlobStore& store, const std::str
     }
     if (chosen == nullptr) throw Error(what + ": no image named '" + ref + "'");
 
-    // Names like "<hex>.json" or "blobs/sha256/<hex>" carry the digest of what they hold.
-    auto named_digest = [](const std::string& name) -> std::string {
-        std::string base =
-            name.substr(name.rfind('/') == std::string::npos ? 0 : name.rfind('/') + 1);
-        if (base.size() > 5 && base.compare(base.size() - 5, 5, ".json") == 0) {
-            base.resize(base.size() - 5);
-        }
-        const std::string digest = "sha256:" + base;
-        return is_sha256_digest(digest) ? digest : std::string();
-    };
     const std::string config_name = string_member(*chosen, "Config");
     std::optional<Blob> config_blob = store.find(config_name);
     if (!config_blob) throw Error(what + ": the image's configuration is missing");
@@ -439,7 +465,9 @@ std::unique_ptr<LocalImage> open_local_image(const std::string& uri,
         throw system_error("cannot create the scratch directory " + scratch.string());
     }
     local->scratch = scratch;
-    ArchiveStore store(parsed.path, scratch);
+    UniqueFd archive_fd(::open(parsed.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY));
+    if (!archive_fd) throw system_error("cannot open " + what);
+    ArchiveStore store(archive_fd.get(), false, scratch, what);
     if (parsed.scheme == "docker-archive") {
         std::optional<ImageLayers> image = load_docker_manifest(store, parsed.ref, what);
         local->image =
@@ -448,6 +476,14 @@ std::unique_ptr<LocalImage> open_local_image(const std::string& uri,
         local->image = load_oci_layout(store, parsed.ref, architecture, what);
     }
     return local;
+}
+
+void load_docker_archive_stream(LocalImage& local, int fd, const std::string& image_id,
+                                const std::string& what) {
+    const std::string architecture = host_go_architecture();
+    ArchiveStore store(fd, true, local.scratch, what);
+    std::optional<ImageLayers> image = load_docker_manifest(store, "", what, image_id);
+    local.image = image ? std::move(*image) : load_oci_layout(store, "", architecture, what);
 }
 
 }  // namespace sqbox

@@ -38,6 +38,14 @@ bool is_local_image_uri(const std::string& uri);
 std::unique_ptr<LocalImage> open_local_image(const std::string& uri,
                                              const LocalSourceOptions& options);
 
+// Reads a docker archive (`docker save`'s format) from the stream `fd` into `local`, its blobs
+// copied to `local.scratch` (which must exist) and checked; a compressed stream may expand
+// 1100 times what was read of it. `image_id` (the daemon's "sha256:<hex>") picks the image whose
+// configuration has that digest, else the archive must hold one image. `what` names the source
+// in messages. Reads up to the archive's end, not necessarily to the stream's.
+void load_docker_archive_stream(LocalImage& local, int fd, const std::string& image_id,
+                                const std::string& what);
+
 // The host's architecture in Go's names (amd64, arm64, ppc64le, ...).
 std::string host_go_architecture();
 // enroot's -a values (x86_64, aarch64, ppc64le) or Go's names, as Go's names.

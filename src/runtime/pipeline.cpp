@@ -147,7 +147,9 @@ void run_supervisor(SupervisorContext context) {
             bind_unpacked_files(image, std::move(context.unpacked_files), config.verbose);
         LookAhead look_ahead =
             start_look_ahead_of(image, warm_up_root, config, context.warm_up_names);
-        // 6. Init may take its copy of the mount namespace now.
+        // 6. Init may take its copy of the mount namespace now. A container's --rw start: with
+        //    the sandbox's tmpfs in it, which this process keeps to save from at the end.
+        if (saves_changes_to_container(config)) mount_sandbox_tmpfs_to_keep(config);
         tell_init_image_ready(init_channels.image_ready);
 
         // 7. The sandbox runs: the timeout, the launcher's signals, the image server's health.
@@ -156,6 +158,8 @@ void run_supervisor(SupervisorContext context) {
         StageReport report = final_report(init_channels.report.read_end.get(), end, started, config,
                                           context.report.get());
         if (config.learn_warm_up && !end.timed_out) finish_learning_look_ahead(look_ahead);
+        // 9. A container's --rw start: what the sandbox wrote, into the container's layer.
+        if (saves_changes_to_container(config)) save_container_changes(config, report);
         server.kill_and_reap();
         send_report(context.report.get(), report);
         ::_exit(0);

@@ -13,12 +13,13 @@
 #include <system_error>
 
 #include "runtime/devices.h"
+#include "runtime/layer_replay.h"
 #include "runtime/mount_table.h"
 #include "runtime/mounts.h"
 #include "runtime/proc_masks.h"
 #include "runtime/rooted_path.h"
-#include "runtime/stage_report.h"
 #include "runtime/sandbox_user.h"
+#include "runtime/stage_report.h"
 #include "util/errors.h"
 #include "util/files.h"
 
@@ -227,6 +228,12 @@ void add_account_files(std::vector<GeneratedFile>& files, const SandboxConfig& c
     files.push_back({"group", std::move(accounts.group)});
 }
 
+// The sandbox's one writable budget: its upper layer, /tmp and /dev/shm (not attached yet).
+UniqueFd create_sandbox_tmpfs(const SandboxConfig& config) {
+    return create_filesystem("tmpfs", writable_tmpfs_options(config.tmpfs_size_bytes, "0755"),
+                             MountAttr::kNoSuid | MountAttr::kNoDev, "sandbox tmpfs");
+}
+
 // Writes the generated files straight into the throwaway upper layer, before the overlay is
 // mounted: the merged /etc then shows them over the image's, as if they had been written
 // through the overlay, without copying the image's /etc up (which asks the image server for
@@ -263,9 +270,13 @@ PreparedRoot mount_layers(const SandboxConfig& config,
     // Everything writable for this sandbox lives in one size-capped tmpfs: the root's upper
     // layer, /tmp and /dev/shm are directories of it, so their sum is bounded by one budget
     // (and its pages are charged to the memory cgroup of whoever writes them: the sandbox's).
-    UniqueFd sandbox_fs =
-        create_filesystem("tmpfs", writable_tmpfs_options(config.tmpfs_size_bytes, "0755"),
-                          MountAttr::kNoSuid | MountAttr::kNoDev, "sandbox tmpfs");
+    // A container's --rw start writes there too: the supervisor mounted it, and saves what the
+    // sandbox wrote into the container's layer once the sandbox has ended.
+    const bool saves_changes = saves_changes_to_container(config);
+    UniqueFd sandbox_fs = saves_changes
+                              ? UniqueFd(::open(kSandboxDir, O_RDONLY | O_DIRECTORY | O_CLOEXEC))
+                              : create_sandbox_tmpfs(config);
+    if (!sandbox_fs) throw system_error("cannot open the sandbox's tmpfs");
     for (const char* dir : {"upper", "work", "root"}) {
         if (::mkdirat(sandbox_fs.get(), dir, 0755) != 0) {
             throw system_error(std::string("cannot create sandbox directory ") + dir);
@@ -284,28 +295,21 @@ PreparedRoot mount_layers(const SandboxConfig& config,
         if (!upper) throw system_error("cannot open the sandbox's writable layer");
         etc_seeded = seed_upper_etc(upper.get(), std::string(kImageDir) + "/etc", etc_files);
     }
-    attach_mount_at(sandbox_fs.get(), kSandboxDir, "sandbox tmpfs");
+    if (!saves_changes) attach_mount_at(sandbox_fs.get(), kSandboxDir, "sandbox tmpfs");
 
     // The root is assembled writable, so mount points can be created in it, and sealed read-only
-    // at the end when asked. A container's persistent layer takes the writes only with
-    // --rw-style access; otherwise it is one more read-only layer under the throwaway one.
+    // at the end when asked. A container's persistent layer is one more read-only layer under
+    // the sandbox's own (a --rw start's writes reach it when the sandbox has ended).
     const std::string root_path = std::string(kSandboxDir) + "/root";
-    const bool persistent = !config.persistent_layer.empty() && !config.read_only_root;
     std::string lower = kImageDir;
-    std::string layer_dir = kSandboxDir;
     if (!config.persistent_layer.empty()) {
-        const std::string host_layer = std::string(kOldRootDir) + config.persistent_layer;
-        if (persistent) {
-            layer_dir = host_layer;
-        } else {
-            lower = host_layer + "/upper:" + lower;
-        }
+        lower = std::string(kOldRootDir) + config.persistent_layer + "/upper:" + lower;
     }
     PreparedRoot prepared;
     // Not under a container's persistent layer: its copied-up files would then remember a layer
     // that later starts may not have.
     const bool with_unpacked_files = config.persistent_layer.empty() && unpacked_files_mounted();
-    prepared.writable = mount_overlay(root_path, lower, layer_dir, with_unpacked_files);
+    prepared.writable = mount_overlay(root_path, lower, kSandboxDir, with_unpacked_files);
     if (!prepared.writable) {
         if (!config.persistent_layer.empty()) {
             throw Error(
@@ -400,6 +404,34 @@ std::string mount_unpacked_files(const std::string& tree, int tree_fd, bool verb
         (void)::umount2(kUnpackedFilesDir, MNT_DETACH);
         return kImageDir;
     }
+}
+
+bool saves_changes_to_container(const SandboxConfig& config) {
+    return !config.persistent_layer.empty() && !config.read_only_root &&
+           config.export_image_path.empty();
+}
+
+void mount_sandbox_tmpfs_to_keep(const SandboxConfig& config) {
+    UniqueFd sandbox_fs = create_sandbox_tmpfs(config);
+    attach_mount_at(sandbox_fs.get(), kSandboxDir, "sandbox tmpfs");
+}
+
+ReplaySummary save_changes_to_container(const SandboxConfig& config) {
+    // The container as a --rw start used to show it: its layer, written through an overlay, so
+    // that removals and replaced directories are recorded in overlayfs's own format.
+    const std::string layer = std::string(kOldRootDir) + config.persistent_layer;
+    if (::mkdir(kContainerViewDir, 0700) != 0 && errno != EEXIST) {
+        throw system_error(std::string("cannot create ") + kContainerViewDir);
+    }
+    if (const int err = try_mount_overlay(kContainerViewDir, kImageDir, layer); err != 0) {
+        throw system_error("cannot mount the container's layer", err);
+    }
+    UniqueFd container(::open(kContainerViewDir, O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!container) throw system_error("cannot open the container's layer");
+    const std::string written = std::string(kSandboxDir) + "/upper";
+    UniqueFd upper(::open(written.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!upper) throw system_error("cannot open what the sandbox wrote");
+    return replay_upper_layer(upper.get(), container.get());
 }
 
 PreparedRoot mount_root_layers(const SandboxConfig& config) {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "image/image_source.h"
+#include "runtime/layer_replay.h"
 #include "runtime/user_namespace.h"
 #include "sqbox/config.h"
 #include "util/unique_fd.h"
@@ -31,6 +32,8 @@ inline constexpr const char* kUnpackedFilesDir = "/hot";
 // supervisor's warm-up reads, so that it does not fetch through FUSE what the sandbox will read
 // from the unpacked files.
 inline constexpr const char* kImageViewDir = "/view";
+// A container's layer over the image, where the supervisor saves what a --rw start wrote.
+inline constexpr const char* kContainerViewDir = "/container";
 
 // Supervisor: replaces the process's root with a small private tmpfs; the old root stays
 // reachable at /oldroot until init detaches it.
@@ -45,6 +48,19 @@ void mount_image(const ImageSource& image, int fuse_fd, const IdMapping& ids);
 // at /view. Returns the directory the warm-up should read: /view, or /image if the layer could
 // not be set up (with --verbose, a line says why; the sandbox then runs from the image alone).
 std::string mount_unpacked_files(const std::string& tree, int tree_fd, bool verbose);
+
+// A container's --rw start: the sandbox writes into its own bounded tmpfs like any other, and what
+// it wrote is saved into the container's layer (on disk) when it has ended, so that the writable
+// budget bounds what one start can add.
+bool saves_changes_to_container(const SandboxConfig& config);
+
+// Supervisor, before init copies the mount namespace: mounts the sandbox's tmpfs at /sandbox
+// itself, so that it still holds it when the sandbox has ended.
+void mount_sandbox_tmpfs_to_keep(const SandboxConfig& config);
+
+// Supervisor, once the sandbox has ended (the image still served): replays the sandbox's upper
+// layer onto the container's (runtime/layer_replay.h). Throws Error.
+ReplaySummary save_changes_to_container(const SandboxConfig& config);
 
 struct PreparedRoot {
     UniqueFd root;            // the sandbox's future "/"

@@ -264,4 +264,24 @@ void finish_learning_look_ahead(LookAhead& look_ahead) {
     (void)look_ahead.finish_within(kLearningWarmUpWait);
 }
 
+void save_container_changes(const SandboxConfig& config, StageReport& report) {
+    try {
+        const ReplaySummary saved = save_changes_to_container(config);
+        if (config.verbose) {
+            print_error("saved " + std::to_string(saved.entries) + " change(s), " +
+                        std::to_string(saved.data_bytes) + " bytes, to the container");
+        }
+        if (saved.setid_dropped != 0) {
+            print_error("--rw: " + std::to_string(saved.setid_dropped) +
+                        " file(s) written without their setuid/setgid bits");
+        }
+    } catch (const Error& e) {
+        const std::string message =
+            std::string("the container's changes were not all saved: ") + e.what();
+        print_error(message);
+        report.exit_status = kExitSqboxFailure;
+        report.set_error(message);
+    }
+}
+
 }  // namespace sqbox

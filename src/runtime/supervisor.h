@@ -129,6 +129,11 @@ StageReport final_report(int init_report_fd, const SandboxEnd& end,
 // meanwhile, and a wedged server would keep the warm-up waiting.
 void finish_learning_look_ahead(LookAhead& look_ahead);
 
+// A container's --rw start, once the sandbox has ended: saves what it wrote into the container's
+// layer (runtime/rootfs.h). A failure is one line on stderr and sqbox's failure status in the
+// report: part of the changes may be saved.
+void save_container_changes(const SandboxConfig& config, StageReport& report);
+
 // Runs in a fresh user + mount namespace: maps the caller's ids, builds the scratch root, mounts
 // the image (starting the FUSE server), starts init in the sandbox's namespaces, enforces the
 // wall-clock timeout, forwards the launcher's signals to init, and reports the outcome. Kills the

@@ -65,22 +65,13 @@ std::vector<std::string> clear_files(int dir, dev_t device, const std::string& w
     return subdirectories;
 }
 
-}  // namespace
-
+// Removes everything below the directory open at `top` (named `path` in messages).
 // Iterative, with two descriptors at most whatever the depth: a layer is the payload's work,
 // and a tree thousands of levels deep must not exhaust descriptors or the stack. Each directory
 // is listed once (its subdirectories' names are kept until they are gone), so the work grows
 // with the size of the tree, however many siblings a directory has. Going back up re-opens ".."
 // and checks it is the directory we came from.
-void remove_tree(const std::string& path) {
-    UniqueFd top(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-    if (!top && errno == EACCES && ::chmod(path.c_str(), 0700) == 0) {
-        top.reset(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-    }
-    if (!top) {
-        if (errno == ENOENT) return;
-        throw system_error("cannot open " + path);
-    }
+void remove_contents(UniqueFd top, const std::string& path) {
     struct stat top_stat {};
     if (::fstat(top.get(), &top_stat) != 0) throw system_error("cannot stat " + path);
     if ((top_stat.st_mode & 0700) != 0700 && ::fchmod(top.get(), 0700) != 0) {
@@ -121,8 +112,41 @@ void remove_tree(const std::string& path) {
         levels.pop_back();
         current = std::move(parent);
     }
-    current.reset();
+}
+
+}  // namespace
+
+void remove_tree(const std::string& path) {
+    UniqueFd top(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!top && errno == EACCES && ::chmod(path.c_str(), 0700) == 0) {
+        top.reset(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    }
+    if (!top) {
+        if (errno == ENOENT) return;
+        throw system_error("cannot open " + path);
+    }
+    remove_contents(std::move(top), path);
     if (::rmdir(path.c_str()) != 0 && errno != ENOENT) throw system_error("cannot remove " + path);
+}
+
+void remove_tree_at(int parent, const std::string& name, const std::string& what) {
+    struct stat st {};
+    if (::fstatat(parent, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        if (errno == ENOENT) return;
+        throw system_error("cannot stat " + what);
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        if (::unlinkat(parent, name.c_str(), 0) != 0 && errno != ENOENT) {
+            throw system_error("cannot remove " + what);
+        }
+        return;
+    }
+    UniqueFd top = open_subdirectory(parent, name, what);
+    if (!top) return;
+    remove_contents(std::move(top), what);
+    if (::unlinkat(parent, name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
+        throw system_error("cannot remove " + what);
+    }
 }
 
 }  // namespace sqbox

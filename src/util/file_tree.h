@@ -13,4 +13,8 @@ namespace sqbox {
 // is being removed.
 void remove_tree(const std::string& path);
 
+// remove_tree for entry `name` of the directory open at `parent`, whatever its kind (a file is
+// unlinked); `what` names it in messages.
+void remove_tree_at(int parent, const std::string& name, const std::string& what);
+
 }  // namespace sqbox

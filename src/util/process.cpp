@@ -24,11 +24,11 @@ pid_t clone_process(unsigned long namespace_flags, const char* purpose) {
         int err = errno;
         std::string hint;
         if ((namespace_flags & CLONE_NEWUSER) && (err == EPERM || err == ENOSPC)) {
-            hint =
-                " (unprivileged user namespaces are disabled on this host: check "
-                "/proc/sys/user/max_user_namespaces and kernel.unprivileged_userns_clone)";
+            // A sysctl, AppArmor or a container's seccomp profile: doctor tells them apart.
+            hint = " (user namespaces are not allowed here; `sqbox doctor` says why and the fix)";
         }
-        throw Error(std::string("cannot create ") + purpose + ": " + std::strerror(err) + hint);
+        throw Error(std::string("cannot create ") + purpose + ": " + std::strerror(err) + hint,
+                    err);
     }
     return static_cast<pid_t>(pid);
 }

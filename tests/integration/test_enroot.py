@@ -230,6 +230,53 @@ def test_root_is_read_only_unless_rw_and_rw_persists(enroot, busybox_image):
     assert enroot("start", "box", "cat", "/etc/state").stdout == "2\n"
 
 
+def test_rw_keeps_removals_replaced_directories_links_and_sparse_files(enroot, busybox_image):
+    """What a --rw start does to the image's files is saved when it ends: a removal, a directory
+    replaced by a new one (nothing of the old shows), a symlink, a file that is mostly hole."""
+    assert enroot("create", "-n", "box", busybox_image).returncode == 0
+    changed = enroot("start", "--rw", "box", "sh", "-c",
+                     "rm /bin/ed && rm -r /usr/sbin && mkdir /usr/sbin && echo new > /usr/sbin/only"
+                     " && ln -s /bin/busybox /link && truncate -s 20G /sparse && echo end >> /sparse")
+    assert changed.returncode == 0, changed.stderr
+    after = enroot("start", "box", "sh", "-c",
+                   "test -e /bin/ed; echo ed $?; ls /usr/sbin; readlink /link; "
+                   "stat -c %s /sparse; tail -c 4 /sparse")
+    assert after.stdout == "ed 1\nonly\n/bin/busybox\n21474836484\nend\n", after.stderr
+    saved = next((enroot.data / "box" / "upper").glob("sparse"))
+    assert saved.stat().st_blocks * 512 < 1 << 20, "the hole was written out"
+
+
+def test_rw_start_adds_at_most_its_writable_budget(enroot, busybox_image):
+    """A --rw start writes into the sandbox's bounded tmpfs, and only that is saved: a payload
+    that writes without end fills its budget, not the host's disk."""
+    assert enroot("create", "-n", "box", busybox_image).returncode == 0
+    filled = enroot("start", "--rw", "box", "sh", "-c",
+                    "dd if=/dev/zero of=/fill bs=1M count=64 2>&1; echo dd $?",
+                    env={"SQBOX_TMPFS_SIZE": "16M"})
+    assert "No space left on device" in filled.stdout and "dd 1" in filled.stdout, filled
+    stored = sum(f.stat().st_blocks * 512 for f in (enroot.data / "box" / "upper").rglob("*")
+                 if f.is_file() and not f.is_symlink())
+    assert 8 << 20 < stored <= 16 << 20, stored
+
+
+def test_rw_saving_never_follows_a_link_out_of_the_container(enroot, busybox_image, tmp_path):
+    """A start leaves symlinks to a host directory where later starts put a directory and a
+    file: saving replaces the links and writes nothing through them."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    assert enroot("create", "-n", "box", busybox_image).returncode == 0
+    planted = enroot("start", "--rw", "box", "sh", "-c",
+                     f"ln -s {outside} /d && ln -s {outside}/f /f && ln -s {outside} /bin/x")
+    assert planted.returncode == 0, planted.stderr
+    replaced = enroot("start", "--rw", "box", "sh", "-c",
+                      "rm /d /f /bin/x && mkdir /d && echo in > /d/f && echo in > /f && "
+                      "mkdir /bin/x && echo in > /bin/x/f")
+    assert replaced.returncode == 0, replaced.stderr
+    assert list(outside.iterdir()) == []
+    check = enroot("start", "box", "cat", "/d/f", "/f", "/bin/x/f")
+    assert check.stdout == "in\nin\nin\n", check.stderr
+
+
 def test_starting_an_image_directly_is_ephemeral(enroot, busybox_image):
     writes = enroot("start", "--rw", busybox_image, "sh", "-c", "echo x > /file && cat /file")
     assert writes.returncode == 0 and writes.stdout == "x\n", writes.stderr
@@ -446,13 +493,17 @@ def test_export_makes_no_file_setuid_that_the_image_did_not(enroot, busybox_imag
               "ls -ln /bin/mine /etc/hidden /bin/busybox /bin/rewritten")
     made = enroot("start", "--rw", *(["--root"] if root else []), "box", "sh", "-c", attack)
     assert made.returncode == 0, made.stderr
-    # The payload did make them setuid or setgid (busybox through the /bin/sh and /bin/cat links).
+    # The payload did make them setuid or setgid (busybox through the /bin/sh and /bin/cat links),
+    # inside; saved into the container's layer on the host's disk, none of them keeps those bits.
     assert sum("s" in line[:10] for line in made.stdout.splitlines()) == 4, made.stdout
+    assert "4 file(s) written without their setuid/setgid bits" in made.stderr, made.stderr
+    layer = subprocess.run(["find", str(enroot.data / "box" / "upper"), "-perm", "/6000", "-type", "f"],
+                           check=True, stdout=subprocess.PIPE, text=True).stdout
+    assert layer == "", layer
 
     output = tmp_path / "out.sqsh"
     exported = enroot("export", "-o", str(output), "box")
     assert exported.returncode == 0, exported.stderr
-    assert "dropped the setuid/setgid bits" in exported.stderr
     listing = subprocess.run(["unsquashfs", "-lln", str(output)], check=True,
                              stdout=subprocess.PIPE, text=True).stdout
     set_id = sorted(line.split("squashfs-root", 1)[1] for line in listing.splitlines()

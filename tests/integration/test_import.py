@@ -500,3 +500,22 @@ def test_device_nodes_of_an_image_open_nothing(sqbox_bin, sqbox, tmp_path):
     result = sqbox.run(str(output), "/bin/busybox", "head", "-c", "1", "/mem")
     assert result.returncode != 0
     assert result.stdout == ""
+
+
+def test_registry_import_without_libcurl_says_what_to_install(sqbox_bin, tmp_path):
+    """libcurl is loaded only when a registry import needs it; on a host without it (a bare
+    install, docs/install.md) the import fails with one line naming the package, not a crash."""
+    need("unshare", "util-linux")
+    libraries = run(["/sbin/ldconfig", "-p"]).stdout
+    curls = sorted({line.split(" => ")[-1] for line in libraries.splitlines()
+                    if line.split()[0] in ("libcurl.so.4", "libcurl-gnutls.so.4")})
+    # Each libcurl the loader would find is hidden behind an empty file, in a mount namespace.
+    script = "".join(f'mount --bind /dev/null "{path}" && ' for path in curls)
+    script += 'exec "$0" import -o "$1" docker://localhost:1/library/debian:12'
+    output = tmp_path / "out.sqsh"
+    result = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script,
+                             sqbox_bin, str(output)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, timeout=60)
+    assert result.returncode == 125, result.stderr
+    assert result.stderr.count("\n") == 1 and "need libcurl" in result.stderr, result.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -283,7 +283,7 @@ def test_an_endless_print_loop_reaches_a_capturing_harness_bounded(box, tmp_path
     start = time.monotonic()
     result = subprocess.run(
         box.argv(box.python_image, ["python3", "-c", script, box.marker],
-                 ["--timeout", "5", "--mount", f"{out}:/out", "--json", str(record)]),
+                 ["--timeout", "10", "--mount", f"{out}:/out", "--json", str(record)]),
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
     assert time.monotonic() - start < 60
     assert result.returncode == 124, result.stderr[-300:]
