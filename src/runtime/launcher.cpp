@@ -7,12 +7,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 
 #include "runtime/signals.h"
 #include "util/errors.h"
 #include "util/fd_passing.h"
 #include "util/files.h"
+#include "util/user_directories.h"
 
 namespace sqbox {
 namespace {
@@ -81,12 +84,42 @@ bool cgroup_decided_first(const SandboxConfig& config) {
 
 }  // namespace
 
-void check_fuse_device() {
-    if (::access("/dev/fuse", R_OK | W_OK) != 0) {
-        throw system_error(
-            "cannot use /dev/fuse (needed to mount .sqsh images; it must exist "
-            "and be read-writable by you, mode 0666 on standard systems)");
+ImageAccess choose_image_access(ImageSource& image, const SandboxConfig& config) {
+    ImageAccess access;
+    if (image.kind == ImageSource::Kind::kDirectory) {
+        access.mode = "directory";
+        return access;
     }
+    const UniqueFd fuse(::open("/dev/fuse", O_RDWR | O_CLOEXEC));
+    if (fuse) {
+        access.mode = "fuse";
+        return access;
+    }
+    const std::string why = std::string("/dev/fuse: ") + std::strerror(errno);
+    if (config.learn_warm_up) {
+        throw Error("--learn-warm-up needs the image server, which needs /dev/fuse (" + why + ")");
+    }
+    // Whether a sandbox can be made at all, before minutes of unpacking for nothing (a pod whose
+    // seccomp profile refuses user namespaces says so here, in its own words).
+    probe_user_namespace();
+    try {
+        access.unpacked = unpack_image(&image.squashfs->fs, image.file.get(), image.path,
+                                       sqbox_cache_directory());
+    } catch (const Error& e) {
+        throw Error("cannot run " + image.path + " without FUSE (" + why +
+                    ") from an unpacked copy either: " + e.what() +
+                    " (give the pod /dev/fuse, or unpack the image and run the directory)");
+    }
+    if (config.verbose) {
+        print_error("image: " + why + "; running from an unpacked copy, " +
+                    (access.unpacked->made ? "made now" : "made before") + ": " +
+                    access.unpacked->root + " (" + std::to_string(access.unpacked->entries) +
+                    " names, " + std::to_string(access.unpacked->bytes) + " bytes of files)");
+    }
+    ImageSource unpacked = open_image(access.unpacked->root);
+    image = std::move(unpacked);
+    access.mode = "unpacked";
+    return access;
 }
 
 std::optional<SandboxCgroup> plan_cgroup_before_start(const SandboxConfig& config) {
@@ -106,7 +139,26 @@ SandboxPlan plan_run(const SandboxConfig& config, const SandboxCgroup* cgroup) {
             "--cpus needs a cgroup with the cpu controller: run as root, or pass --cgroup DIR "
             "(a cgroup v2 directory delegated to you)");
     }
+    if (config.proc_view == SandboxConfig::ProcView::kOuter) {
+        // The payload sees the caller's processes; Landlock is what keeps it from reading their
+        // memory and environment (ptrace access to processes outside its domain), and a profile
+        // of sqbox's own what keeps it from new user namespaces (the caller's /proc/sys, where
+        // sqbox would set max_user_namespaces to 0, is read-only in a container).
+        if (plan.landlock_abi == 0) {
+            throw Error("--proc outer needs Landlock (this kernel has none): without it the payload "
+                        "could read your processes' memory");
+        }
+        if (config.seccomp_profile != "default" && config.seccomp_profile != "strict") {
+            throw Error("--proc outer needs --seccomp default or strict (they refuse new user "
+                        "namespaces, which sqbox cannot limit through your /proc)");
+        }
+    }
     if (config.verbose) {
+        if (config.proc_view == SandboxConfig::ProcView::kOuter) {
+            print_error(
+                "proc: your own /proc (--proc outer): the payload sees your processes' ids, "
+                "command lines and status, not their memory, environment or files");
+        }
         if (plan.seccomp) {
             print_error("seccomp: profile " + config.seccomp_profile + ", " +
                         std::to_string(plan.seccomp->rules_applied) + " rules, " +
@@ -240,6 +292,7 @@ RunResult result_of(const Supervision& supervision, const StdioRelay& relay,
     result.stderr_truncated = relay.stderr_truncated();
     result.limits = describe_limits(config, cgroup);
     result.landlock_abi = plan.landlock_abi;
+    result.proc = config.proc_view == SandboxConfig::ProcView::kOuter ? "outer" : "fresh";
     if (result.stdout_truncated || result.stderr_truncated) {
         const char* streams = !result.stderr_truncated   ? "stdout"
                               : !result.stdout_truncated ? "stderr"

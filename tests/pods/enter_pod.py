@@ -1,0 +1,60 @@
+"""The last step into the pod harness's outer container (conftest.py): run as the pod's root
+(bubblewrap's uid 0, which holds CAP_SYS_ADMIN in the pod's user namespace only while it sets the
+pod up), it undoes what `procMount: Unmasked` would not have (for proc=unmasked), becomes the
+pod's non-root user in a user namespace of its own (as a pod without `hostUsers: false` is a
+non-root user with no capability), loads the pod's seccomp program, and executes the command.
+
+usage: enter_pod.py UID PROC SECCOMP_PROGRAM|- COMMAND...
+"""
+import ctypes
+import os
+import struct
+import errno
+import sys
+
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+MNT_DETACH = 2
+# bubblewrap's --proc covers these with read-only bind mounts of themselves: an unmasked /proc
+# (procMount: Unmasked) has no mount below it.
+BWRAP_PROC_COVERS = ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"]
+
+
+def load_seccomp(path):
+    with open(path, "rb") as f:
+        program = f.read()
+    assert len(program) % 8 == 0 and program, path
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                           ctypes.c_ulong]
+    buffer = ctypes.create_string_buffer(program)
+    fprog = struct.pack("HxxxxxxQ", len(program) // 8, ctypes.addressof(buffer))
+    fprog_buffer = ctypes.create_string_buffer(fprog)
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
+    if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog_buffer), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "PR_SET_SECCOMP")
+
+
+def main():
+    uid, proc, program = sys.argv[1], sys.argv[2], sys.argv[3]
+    command = sys.argv[4:]
+    if proc == "unmasked":
+        libc = ctypes.CDLL(None, use_errno=True)
+        for path in BWRAP_PROC_COVERS:
+            # Stacked covers (bubblewrap binds some twice): until none is left.
+            while libc.umount2(path.encode(), MNT_DETACH) == 0:
+                pass
+            assert ctypes.get_errno() in (errno.EINVAL, errno.ENOENT), (path, os.strerror(ctypes.get_errno()))
+    if os.getuid() == 0:
+        # The pod's user, in a user namespace of its own: the mounts above are the pod's, made by
+        # its runtime, and locked for everything the pod's user does.
+        os.execvp("unshare", ["unshare", "--user", f"--map-user={uid}", f"--map-group={uid}",
+                              "--", sys.executable, __file__, uid, "done", program, *command])
+    if program != "-":
+        load_seccomp(program)
+    os.execvp(command[0], command)
+
+
+main()
