@@ -33,8 +33,8 @@ struct RunResult {
     // How the payload's root reads the image: "fuse" (the image server), "unpacked" (a .sqsh
     // unpacked into the cache where /dev/fuse is not usable), "directory"; empty if not decided.
     std::string image_access;
-    std::string proc;  // "fresh" or "outer" (--proc)
-    std::string error;     // sqbox's own failure, empty when none
+    std::string proc;   // "fresh" or "outer" (--proc)
+    std::string error;  // sqbox's own failure, empty when none
 };
 
 }  // namespace sqbox

@@ -41,13 +41,12 @@ std::string image_identity(int image_fd) {
     struct stat image {};
     if (::fstat(image_fd, &image) != 0) throw system_error("cannot stat the image");
     char text[160];
-    (void)std::snprintf(text, sizeof text,
-                        "%" PRIx64 "-%" PRIx64 "-%" PRIx64 "-%llx.%09ld-%llx.%09ld",
-                        static_cast<uint64_t>(image.st_dev), static_cast<uint64_t>(image.st_ino),
-                        static_cast<uint64_t>(image.st_size),
-                        static_cast<unsigned long long>(image.st_mtim.tv_sec), image.st_mtim.tv_nsec,
-                        static_cast<unsigned long long>(image.st_ctim.tv_sec),
-                        image.st_ctim.tv_nsec);
+    (void)std::snprintf(
+        text, sizeof text, "%" PRIx64 "-%" PRIx64 "-%" PRIx64 "-%llx.%09ld-%llx.%09ld",
+        static_cast<uint64_t>(image.st_dev), static_cast<uint64_t>(image.st_ino),
+        static_cast<uint64_t>(image.st_size), static_cast<unsigned long long>(image.st_mtim.tv_sec),
+        image.st_mtim.tv_nsec, static_cast<unsigned long long>(image.st_ctim.tv_sec),
+        image.st_ctim.tv_nsec);
     return text;
 }
 
@@ -87,8 +86,8 @@ class ImageTreeWriter {
 
     void visit(sqfs_inode* directory, int out_fd, const std::string& path, size_t depth) {
         if (depth > limits_.depth) {
-            throw Error("directories nested deeper than " + std::to_string(limits_.depth) +
-                        " at " + path);
+            throw Error("directories nested deeper than " + std::to_string(limits_.depth) + " at " +
+                        path);
         }
         sqfs_dir dir;
         if (sqfs_dir_open(fs_, directory, &dir, 0) != SQFS_OK) corrupt("directory " + path + "/");
@@ -117,8 +116,8 @@ class ImageTreeWriter {
                 if (::mkdirat(out_fd, name.c_str(), 0700) != 0) {
                     throw system_error("cannot create " + child_path);
                 }
-                UniqueFd made(
-                    ::openat(out_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+                UniqueFd made(::openat(out_fd, name.c_str(),
+                                       O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
                 if (!made) throw system_error("cannot open " + child_path);
                 visit(&child, made.get(), child_path, depth + 1);
                 finish_directory(made.get(), &child, child_path);
@@ -234,7 +233,8 @@ std::optional<UnpackedImage> open_entry(const std::string& path, const std::stri
         opened.st_dev != named.st_dev || opened.st_ino != named.st_ino) {
         return std::nullopt;
     }
-    UniqueFd stamp_fd(::openat(entry.get(), "stamp", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+    UniqueFd stamp_fd(
+        ::openat(entry.get(), "stamp", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
     if (!stamp_fd) return std::nullopt;
     std::string stamp;
     try {
@@ -374,14 +374,17 @@ UnpackedImage unpack_image(sqfs* fs, int image_fd, const std::string& image_path
             return std::move(*found);
         }
         std::string temporary = entry + ".tmp.XXXXXX";
-        if (::mkdtemp(temporary.data()) == nullptr) throw system_error("cannot create " + temporary);
+        if (::mkdtemp(temporary.data()) == nullptr)
+            throw system_error("cannot create " + temporary);
         try {
-            UniqueFd made(::open(temporary.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+            UniqueFd made(
+                ::open(temporary.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
             if (!made || ::flock(made.get(), LOCK_EX) != 0) {
                 throw system_error("cannot open " + temporary);
             }
             if (::mkdirat(made.get(), "root", 0700) != 0) throw system_error("cannot create root");
-            UniqueFd root(::openat(made.get(), "root", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+            UniqueFd root(
+                ::openat(made.get(), "root", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
             if (!root) throw system_error("cannot open " + temporary + "/root");
             ConfinedLimits confined;
             confined.file_size_bytes = std::max<uint64_t>(limits.total_bytes, 1);

@@ -48,7 +48,7 @@ struct ImageUnpackLimits {
 };
 
 struct UnpackedImage {
-    std::string root;  // the directory to run from
+    std::string root;   // the directory to run from
     bool made = false;  // by this call
     uint64_t bytes = 0;
     size_t entries = 0;
@@ -60,7 +60,8 @@ struct UnpackedImage {
 // reason (the image holds too much, is corrupt, the cache cannot be written, Landlock is missing),
 // leaving nothing behind.
 UnpackedImage unpack_image(sqfs* fs, int image_fd, const std::string& image_path,
-                           const std::string& cache_directory, const ImageUnpackLimits& limits = {});
+                           const std::string& cache_directory,
+                           const ImageUnpackLimits& limits = {});
 
 // The confined child's work, exposed for the unit tests and fuzz targets: the whole image into
 // the empty directory `root_fd`. Returns "BYTES ENTRIES". Throws Error on a budget, a bad name or

@@ -145,12 +145,14 @@ SandboxPlan plan_run(const SandboxConfig& config, const SandboxCgroup* cgroup) {
         // of sqbox's own what keeps it from new user namespaces (the caller's /proc/sys, where
         // sqbox would set max_user_namespaces to 0, is read-only in a container).
         if (plan.landlock_abi == 0) {
-            throw Error("--proc outer needs Landlock (this kernel has none): without it the payload "
-                        "could read your processes' memory");
+            throw Error(
+                "--proc outer needs Landlock (this kernel has none): without it the payload "
+                "could read your processes' memory");
         }
         if (config.seccomp_profile != "default" && config.seccomp_profile != "strict") {
-            throw Error("--proc outer needs --seccomp default or strict (they refuse new user "
-                        "namespaces, which sqbox cannot limit through your /proc)");
+            throw Error(
+                "--proc outer needs --seccomp default or strict (they refuse new user "
+                "namespaces, which sqbox cannot limit through your /proc)");
         }
     }
     if (config.verbose) {

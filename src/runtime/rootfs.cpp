@@ -17,8 +17,8 @@
 #include "runtime/mounts.h"
 #include "runtime/proc_masks.h"
 #include "runtime/rooted_path.h"
-#include "runtime/stage_report.h"
 #include "runtime/sandbox_user.h"
+#include "runtime/stage_report.h"
 #include "util/errors.h"
 #include "util/files.h"
 

@@ -73,7 +73,8 @@ class Pod:
     def _argv(self, command):
         # bubblewrap's uid 0 sets the pod up; enter_pod.py then becomes the pod's user.
         argv = [_bwrap(), "--unshare-user", "--uid", "0", "--gid", "0",
-                "--cap-add", "CAP_SYS_ADMIN", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", "pod",
+                "--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETFCAP", "--cap-add", "CAP_SETPCAP",
+                "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", "pod",
                 "--die-with-parent", "--new-session", "--clearenv"]
         for path in ["/usr", "/etc"]:
             argv += ["--ro-bind", path, path]
