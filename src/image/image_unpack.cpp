@@ -371,6 +371,8 @@ UnpackedImage unpack_image(sqfs* fs, int image_fd, const std::string& image_path
     // Twice at most: another run may finish the same entry first, and then it is used.
     for (int attempt = 0; attempt < 2; ++attempt) {
         if (std::optional<UnpackedImage> found = open_entry(entry, identity)) {
+            // Leftovers of runs killed while unpacking go, whichever run comes next.
+            remove_unused_entries(directory, identity);
             return std::move(*found);
         }
         std::string temporary = entry + ".tmp.XXXXXX";

@@ -7,8 +7,6 @@
 #include <optional>
 #include <string>
 
-#include "image/image_source.h"
-#include "image/image_unpack.h"
 #include "runtime/cgroups.h"
 #include "runtime/sandbox_plan.h"
 #include "runtime/stage_report.h"
@@ -19,16 +17,11 @@
 
 namespace sqbox {
 
-// How the sandbox reads its image. A .sqsh is served over FUSE where /dev/fuse can be opened
-// (the supervisor opens it again itself: the kernel wants the device opened in the user namespace
-// that mounts it; opening it here decides before any namespace exists);
-// where it cannot (a pod without a device plugin), it is unpacked into the caller's cache
-// (image/image_unpack.h) and `image` becomes that directory, held for as long as this lives.
-struct ImageAccess {
-    std::string mode;  // "fuse", "unpacked" or "directory" (RunResult::image_access)
-    std::optional<UnpackedImage> unpacked;
-};
-ImageAccess choose_image_access(ImageSource& image, const SandboxConfig& config);
+// sqbox serve's image needs /dev/fuse (sqbox run falls back to an unpacked copy:
+// runtime/image_access.h). The supervisor opens the device itself (the kernel wants it opened in
+// the user namespace that mounts it); checking here gives the clear error before any namespace
+// exists.
+void check_fuse_device();
 
 // The sandbox's cgroup when it must be decided before the sandbox starts (an explicit --cgroup,
 // --cpus, --verbose); nullopt otherwise, and hand_over_cgroup decides it while the sandbox is

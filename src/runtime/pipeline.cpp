@@ -23,6 +23,7 @@
 #include "image/image_source.h"
 #include "runtime/cgroups.h"
 #include "runtime/enroot_entrypoint.h"
+#include "runtime/image_access.h"
 #include "runtime/init.h"
 #include "runtime/launcher.h"
 #include "runtime/limits.h"
