@@ -39,15 +39,16 @@ bool under_seccomp_filter() {
 }  // namespace
 
 std::string user_namespace_refusal(int err) {
+    if (err != EPERM && err != ENOSPC) return "";
+    // 0 makes the kernel say ENOSPC, as for a count that reached its limit.
+    if (first_line_of("/proc/sys/user/max_user_namespaces") == "0") {
+        return "user namespaces are disabled: user.max_user_namespaces is 0; set it with sysctl "
+               "-w user.max_user_namespaces=15000 (sqbox doctor explains)";
+    }
     if (err == ENOSPC) {
         return "the limit of user namespaces is reached (user.max_user_namespaces, or 32 nested "
                "ones); raise it with sysctl -w user.max_user_namespaces=15000 (sqbox doctor "
                "explains)";
-    }
-    if (err != EPERM) return "";
-    if (first_line_of("/proc/sys/user/max_user_namespaces") == "0") {
-        return "user namespaces are disabled: user.max_user_namespaces is 0; set it with sysctl "
-               "-w user.max_user_namespaces=15000 (sqbox doctor explains)";
     }
     if (first_line_of("/proc/sys/kernel/unprivileged_userns_clone") == "0") {
         return "unprivileged user namespaces are disabled: kernel.unprivileged_userns_clone is 0; "

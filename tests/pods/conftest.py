@@ -57,7 +57,7 @@ class Pod:
     """One cell of the matrix: runs commands in a fresh outer container each time."""
 
     def __init__(self, sqbox_bin, images, cache, work, fuse=False, proc="masked",
-                 seccomp="docker", seccomp_program=None):
+                 seccomp="docker", seccomp_program=None, user_namespaces=True):
         self.sqbox_bin = sqbox_bin
         self.images = images      # host directory bound at POD_IMAGES
         self.cache = cache        # host directory bound writable at POD_CACHE
@@ -66,6 +66,7 @@ class Pod:
         self.proc = proc
         self.seccomp = seccomp
         self.seccomp_program = seccomp_program
+        self.user_namespaces = user_namespaces
 
     def describe(self):
         return f"fuse={self.fuse} proc={self.proc} seccomp={self.seccomp}"
@@ -112,8 +113,9 @@ class Pod:
         if self.seccomp == "docker":
             argv += ["--ro-bind", self.seccomp_program, "/sqbox/seccomp.bpf"]
         program = "/sqbox/seccomp.bpf" if self.seccomp == "docker" else "-"
+        userns = "userns" if self.user_namespaces else "nouserns"
         return argv + ["--", "/usr/bin/python3", "/sqbox/enter_pod.py", str(POD_UID), self.proc,
-                       program, *command]
+                       userns, program, *command]
 
     def run(self, *command, timeout=120, env=None):
         """Runs `command` in the pod; returns the CompletedProcess (text)."""

@@ -4,7 +4,8 @@ pod up), it undoes what `procMount: Unmasked` would not have (for proc=unmasked)
 pod's non-root user in a user namespace of its own (as a pod without `hostUsers: false` is a
 non-root user with no capability and Docker's default bounding set), loads the pod's seccomp program, and executes the command.
 
-usage: enter_pod.py UID PROC SECCOMP_PROGRAM|- COMMAND...
+usage: enter_pod.py UID PROC USERNS SECCOMP_PROGRAM|- COMMAND...
+(USERNS "nouserns": user.max_user_namespaces is 0 in the pod, as a node's sysctl would make it)
 """
 import ctypes
 import os
@@ -44,7 +45,7 @@ CLONE_NEWUSER = 0x10000000
 PR_CAPBSET_DROP = 24
 
 
-def become_pod_user(libc, uid):
+def become_pod_user(libc, uid, no_user_namespaces):
     """A user namespace of the pod's own, where the pod's user is `uid` (mapped to bubblewrap's
     uid 0); the bounding set cut to Docker's default; capabilities go at the exec that follows."""
     if libc.unshare(CLONE_NEWUSER) != 0:
@@ -53,6 +54,9 @@ def become_pod_user(libc, uid):
                        ("gid_map", f"{uid} 0 1")]:
         with open(f"/proc/self/{name}", "w") as f:
             f.write(text)
+    if no_user_namespaces:
+        with open("/proc/sys/user/max_user_namespaces", "w") as f:
+            f.write("0")
     last_cap = int(open("/proc/sys/kernel/cap_last_cap").read())
     for cap in range(last_cap + 1):
         if cap not in DOCKER_DEFAULT_CAPABILITIES and libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0):
@@ -62,8 +66,8 @@ def become_pod_user(libc, uid):
 
 
 def main():
-    uid, proc, program = sys.argv[1], sys.argv[2], sys.argv[3]
-    command = sys.argv[4:]
+    uid, proc, userns, program = sys.argv[1:5]
+    command = sys.argv[5:]
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
                            ctypes.c_ulong]
@@ -76,7 +80,7 @@ def main():
             assert err in (errno.EINVAL, errno.ENOENT), (path, os.strerror(err))
     # The mounts above are the pod's, made by its runtime, and locked for everything the pod's
     # user does in a user namespace below this one.
-    become_pod_user(libc, uid)
+    become_pod_user(libc, uid, userns == "nouserns")
     if program != "-":
         load_seccomp(program)
     os.execvp(command[0], command)

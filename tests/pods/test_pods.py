@@ -65,6 +65,17 @@ def test_with_masked_proc_sqbox_refuses_naming_proc_outer_and_the_pod_fix(make_p
     assert record["started"] is False and record["exit_code"] == 125
 
 
+def test_with_user_namespaces_disabled_sqbox_names_the_sysctl(make_pod):
+    pod = make_pod(seccomp="unconfined", proc="unmasked", fuse=True, user_namespaces=False)
+    result, record = pod.sqbox_run(BUSYBOX, "echo", "ran")
+    assert result.returncode == 125, result
+    line = one_line(result.stderr)
+    assert "user.max_user_namespaces is 0" in line and "sysctl -w" in line, line
+    assert line.endswith(DOCTOR) and record["started"] is False
+    # Control: nothing in the pod gets one.
+    assert pod.run("unshare", "--user", "true").returncode != 0
+
+
 def test_the_seccomp_refusal_is_what_the_kernel_says_without_sqbox(make_pod):
     """Control: the pod's own profile refuses a user namespace to anything in it."""
     result = make_pod().run("unshare", "--user", "true")
@@ -377,3 +388,26 @@ def test_a_changed_image_is_never_served_stale(make_pod, pod_images, tmp_path):
         assert result.returncode == 0, result.stderr
         assert result.stdout == content + "\n"
         assert record["image_access"] == "unpacked"
+
+
+def test_runs_unpacking_at_once_share_one_complete_copy(make_pod):
+    pod = unpacking_pod(make_pod)
+    script = " ".join(
+        f"/sqbox/bin/sqbox run {BUSYBOX} -- echo run{i} > /work/out{i} 2>&1 &" for i in range(3))
+    result = pod.run("sh", "-c", script + " wait")
+    assert result.returncode == 0, result
+    for i in range(3):
+        assert Path(pod.work, f"out{i}").read_text() == f"run{i}\n"
+    entries = cache_entries(pod)
+    assert len(entries) == 1 and ".tmp." not in entries[0] and ".old." not in entries[0]
+
+
+def test_what_a_killed_unpacking_left_behind_is_removed_by_the_next_run(make_pod):
+    pod = unpacking_pod(make_pod)
+    leftover = Path(pod.cache) / "images" / "0-0-0-0.0-0.0.tmp.AbCdEf"
+    (leftover / "root" / "usr").mkdir(parents=True)
+    (leftover / "root" / "usr" / "half-written").write_text("x" * 1000)
+    result, record = pod.sqbox_run(BUSYBOX, "true")
+    assert result.returncode == 0, result.stderr
+    assert not leftover.exists()
+    assert len(cache_entries(pod)) == 1
