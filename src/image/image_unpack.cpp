@@ -11,6 +11,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -28,6 +29,9 @@ constexpr const char* kStampHeader = "sqbox-unpacked-image 1\n";
 constexpr size_t kMaxStampBytes = 4096;
 constexpr size_t kCopyChunkBytes = size_t{128} << 10;
 constexpr size_t kMaxSymlinkBytes = 4095;  // as the kernel bounds a symlink's target
+// A temporary entry no run holds is removed once it is this old: one a run has only just
+// created is not locked yet.
+constexpr int64_t kLeftoverAgeSeconds = 60;
 
 std::string format_bytes(uint64_t bytes) {
     char text[32];
@@ -266,7 +270,12 @@ void remove_unused_entries(const std::string& directory, const std::string& keep
     const bool listed = for_each_directory_entry(directory, [&](int, const std::string& name) {
         if (name == keep) return;
         if (name.find(".tmp.") != std::string::npos || name.find(".old.") != std::string::npos) {
-            leftovers.push_back(name);
+            // Not one a run has just made and is about to lock.
+            struct stat made {};
+            if (::lstat((directory + "/" + name).c_str(), &made) == 0 &&
+                made.st_mtime < ::time(nullptr) - kLeftoverAgeSeconds) {
+                leftovers.push_back(name);
+            }
             return;
         }
         struct stat stamp {};
@@ -314,7 +323,8 @@ std::pair<uint64_t, size_t> check_unpacked_tree(const std::string& root,
     std::vector<std::pair<std::string, size_t>> pending = {{"", 0}};  // relative path, depth
     std::vector<std::pair<std::string, mode_t>> opened;  // closed directories opened, in order
     while (!pending.empty()) {
-        const auto [relative, depth] = std::move(pending.back());
+        const std::string relative = std::move(pending.back().first);
+        const size_t depth = pending.back().second;
         pending.pop_back();
         const std::string path = relative.empty() ? root : root + "/" + relative;
         struct stat directory {};
@@ -376,8 +386,9 @@ UnpackedImage unpack_image(sqfs* fs, int image_fd, const std::string& image_path
             return std::move(*found);
         }
         std::string temporary = entry + ".tmp.XXXXXX";
-        if (::mkdtemp(temporary.data()) == nullptr)
+        if (::mkdtemp(temporary.data()) == nullptr) {
             throw system_error("cannot create " + temporary);
+        }
         try {
             UniqueFd made(
                 ::open(temporary.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));

@@ -407,7 +407,12 @@ def test_what_a_killed_unpacking_left_behind_is_removed_by_the_next_run(make_pod
     leftover = Path(pod.cache) / "images" / "0-0-0-0.0-0.0.tmp.AbCdEf"
     (leftover / "root" / "usr").mkdir(parents=True)
     (leftover / "root" / "usr" / "half-written").write_text("x" * 1000)
+    # One that a run has only just made (and is about to lock) stays; an older one goes.
+    young = Path(pod.cache) / "images" / "0-0-0-0.0-0.0.tmp.YoUnGg"
+    young.mkdir()
+    os.utime(leftover, (1, 1))
     result, record = pod.sqbox_run(BUSYBOX, "true")
     assert result.returncode == 0, result.stderr
     assert not leftover.exists()
-    assert len(cache_entries(pod)) == 1
+    assert young.exists()
+    assert len(cache_entries(pod)) == 2
