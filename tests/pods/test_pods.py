@@ -240,13 +240,14 @@ print("tried", tried)
 """
 
 
-def test_with_proc_outer_a_pidfd_from_proc_cannot_signal_the_pod(make_pod, pod_images):
+@pytest.mark.parametrize("fuse", [False, True], ids=["unpacked", "fuse"])
+def test_with_proc_outer_a_pidfd_from_proc_cannot_signal_the_pod(make_pod, pod_images, fuse):
     python = os.environ.get("SQBOX_PYTHON_IMAGE")
     if not python:
         import test_inputs
         python = test_inputs.image("python")
     shutil.copyfile(python, Path(pod_images) / "python.sqsh")
-    pod = make_pod(seccomp="unconfined", fuse=True)
+    pod = make_pod(seccomp="unconfined", fuse=fuse)
     script = ("NEIGHBOUR=x sleep 4242 & n=$!; "
               f"/sqbox/bin/sqbox run --proc outer {POD_IMAGES}/python.sqsh -- python3 -c \"$1\"; "
               "echo status=$?; kill -0 $n && echo neighbour-alive")
