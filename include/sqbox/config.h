@@ -148,6 +148,12 @@ struct SandboxConfig {
 
     bool verbose = false;
 
+    // The sandbox's /proc: a fresh procfs of its own pid namespace (the default), or, where the
+    // kernel refuses one (a container whose /proc has masked entries), the caller's own /proc
+    // bound in (--proc outer: the payload then sees the caller's processes, see SECURITY.md).
+    enum class ProcView { kFresh, kOuter };
+    ProcView proc_view = ProcView::kFresh;
+
     friend bool operator==(const SandboxConfig&, const SandboxConfig&) = default;
 };
 

@@ -30,7 +30,11 @@ struct RunResult {
     std::vector<AppliedLimit> limits;
     std::string seccomp;   // profile in force ("default", "strict", a path, "none")
     int landlock_abi = 0;  // Landlock ABI applied, 0 when not applied
-    std::string error;     // sqbox's own failure, empty when none
+    // How the payload's root reads the image: "fuse" (the image server), "unpacked" (a .sqsh
+    // unpacked into the cache where /dev/fuse is not usable), "directory"; empty if not decided.
+    std::string image_access;
+    std::string proc;   // "fresh" or "outer" (--proc)
+    std::string error;  // sqbox's own failure, empty when none
 };
 
 }  // namespace sqbox

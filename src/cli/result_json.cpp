@@ -47,6 +47,11 @@ std::string result_to_json(const RunResult& result) {
     record["limits"] = limits;
     record["seccomp"] = result.seccomp;
     record["landlock_abi"] = result.landlock_abi;
+    auto text_or_null = [](const std::string& text) {
+        return text.empty() ? nlohmann::json() : nlohmann::json(text);
+    };
+    record["image_access"] = text_or_null(result.image_access);
+    record["proc"] = text_or_null(result.proc);
     record["error"] = result.error.empty() ? nlohmann::json() : nlohmann::json(result.error);
     return record.dump() + "\n";
 }

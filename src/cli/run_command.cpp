@@ -85,6 +85,10 @@ CLI::App* add_run_subcommand(CLI::App& app, RunArguments& args) {
     run->add_flag("--no-warm-up", args.no_warm_up,
                   "use no warm-up list and no unpacked files: everything through the image server");
     run->add_flag("-v,--verbose", args.verbose, "report setup details on stderr");
+    run->add_option("--proc", args.proc,
+                    "the sandbox's /proc: fresh (default), or outer: your own /proc, where a fresh "
+                    "one is refused (shows your processes to the payload; see SECURITY.md)")
+        ->type_name("fresh|outer");
     run->footer(
         "Everything after IMAGE (or after --) is the command, even words that look like "
         "options.");
@@ -176,6 +180,11 @@ RunOptions build_run_options(const RunArguments& args) {
     if (!args.output_limit.empty()) {
         config.output_limit_bytes =
             validate::output_limit_or_unlimited(args.output_limit, "--output-limit");
+    }
+    if (args.proc == "outer") {
+        config.proc_view = SandboxConfig::ProcView::kOuter;
+    } else if (!args.proc.empty() && args.proc != "fresh") {
+        throw Error("--proc: '" + args.proc + "' is neither fresh nor outer");
     }
     set_caller_identity(config);
     options.json_path = args.json;

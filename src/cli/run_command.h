@@ -43,6 +43,7 @@ struct RunArguments {
     std::string seccomp = "default";
     std::string output_limit;
     std::string json;
+    std::string proc;  // --proc: fresh or outer
 };
 
 // Declares the `run` subcommand's options on `app`, bound to `args`.

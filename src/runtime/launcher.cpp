@@ -106,7 +106,28 @@ SandboxPlan plan_run(const SandboxConfig& config, const SandboxCgroup* cgroup) {
             "--cpus needs a cgroup with the cpu controller: run as root, or pass --cgroup DIR "
             "(a cgroup v2 directory delegated to you)");
     }
+    if (config.proc_view == SandboxConfig::ProcView::kOuter) {
+        // The payload sees the caller's processes; Landlock is what keeps it from reading their
+        // memory and environment (ptrace access to processes outside its domain), and a profile
+        // of sqbox's own what keeps it from new user namespaces (the caller's /proc/sys, where
+        // sqbox would set max_user_namespaces to 0, is read-only in a container).
+        if (plan.landlock_abi == 0) {
+            throw Error(
+                "--proc outer needs Landlock (this kernel has none): without it the payload "
+                "could read your processes' memory");
+        }
+        if (config.seccomp_profile != "default" && config.seccomp_profile != "strict") {
+            throw Error(
+                "--proc outer needs --seccomp default or strict (they refuse new user "
+                "namespaces, which sqbox cannot limit through your /proc)");
+        }
+    }
     if (config.verbose) {
+        if (config.proc_view == SandboxConfig::ProcView::kOuter) {
+            print_error(
+                "proc: your own /proc (--proc outer): the payload sees your processes' ids, "
+                "command lines and status, not their memory, environment or files");
+        }
         if (plan.seccomp) {
             print_error("seccomp: profile " + config.seccomp_profile + ", " +
                         std::to_string(plan.seccomp->rules_applied) + " rules, " +
@@ -240,6 +261,7 @@ RunResult result_of(const Supervision& supervision, const StdioRelay& relay,
     result.stderr_truncated = relay.stderr_truncated();
     result.limits = describe_limits(config, cgroup);
     result.landlock_abi = plan.landlock_abi;
+    result.proc = config.proc_view == SandboxConfig::ProcView::kOuter ? "outer" : "fresh";
     if (result.stdout_truncated || result.stderr_truncated) {
         const char* streams = !result.stderr_truncated   ? "stdout"
                               : !result.stdout_truncated ? "stderr"

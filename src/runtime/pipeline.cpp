@@ -23,6 +23,7 @@
 #include "image/image_source.h"
 #include "runtime/cgroups.h"
 #include "runtime/enroot_entrypoint.h"
+#include "runtime/image_access.h"
 #include "runtime/init.h"
 #include "runtime/launcher.h"
 #include "runtime/limits.h"
@@ -52,7 +53,7 @@ RunResult run_sandbox(const SandboxConfig& config) {
     try {
         // 1. What needs the caller's view of the host, checked before any namespace exists.
         ImageSource image = open_image(config.image);
-        if (image.kind == ImageSource::Kind::kSquashfs) check_fuse_device();
+        const ImageAccess access = choose_image_access(image, config);
         // 2. The policy: the seccomp filter, Landlock, limits and where each is enforced.
         std::optional<SandboxCgroup> cgroup = plan_cgroup_before_start(config);
         SandboxPlan plan = plan_run(config, cgroup ? &*cgroup : nullptr);
@@ -97,6 +98,7 @@ RunResult run_sandbox(const SandboxConfig& config) {
         // 9. The record; a learning run adds what the image server recorded to its list.
         RunResult result =
             result_of(supervision, relay, config, plan, cgroup ? &*cgroup : nullptr, oom_killed);
+        result.image_access = access.mode;
         warm_up.save_learned();
         return result;
     } catch (const Error& e) {

@@ -150,11 +150,43 @@ std::future<void> start_aside(Work work) {
 
 // The kernel knobs and host information under the sandbox's /proc.
 void lock_down_proc(int root_fd, const SandboxConfig& config) {
-    // No user namespaces below the sandbox's own, even with --seccomp none: a new one would give
-    // the payload capabilities over it. (This sysctl is per user namespace: it is ours.)
-    write_file_at(root_fd, "proc/sys/user/max_user_namespaces", "0", O_NOFOLLOW);
-    limit_ipc(root_fd, config.tmpfs_size_bytes);
+    // The caller's own /proc (--proc outer) is a container's, whose /proc/sys is read-only: the
+    // sysctls below cannot be written through it. sqbox's own seccomp profiles (which --proc
+    // outer requires) refuse new user namespaces instead.
+    if (config.proc_view == SandboxConfig::ProcView::kFresh) {
+        // No user namespaces below the sandbox's own, even with --seccomp none: a new one would
+        // give the payload capabilities over it. (This sysctl is per user namespace: it is ours.)
+        write_file_at(root_fd, "proc/sys/user/max_user_namespaces", "0", O_NOFOLLOW);
+        limit_ipc(root_fd, config.tmpfs_size_bytes);
+    }
     mask_proc(root_fd, config.outside_uid == 0);
+}
+
+// A fresh procfs of the sandbox's pid namespace; or, with --proc outer, the caller's own /proc,
+// recursively (with the masks its container put over it, which the kernel would not let go
+// without them anyway). The kernel refuses a fresh procfs in a user namespace unless a procfs
+// is fully visible in the mount namespace already (fs/namespace.c, mount_too_revealing): in a
+// container whose runtime masked entries of its /proc, none is.
+void mount_proc(int root_fd, const SandboxConfig& config, bool create) {
+    const uint64_t attributes = MountAttr::kNoSuid | MountAttr::kNoDev | MountAttr::kNoExec;
+    if (config.proc_view == SandboxConfig::ProcView::kOuter) {
+        UniqueFd target = resolve_in_root(root_fd, "/proc", EntryKind::kDirectory, create, "/proc");
+        UniqueFd tree =
+            clone_mount_tree(AT_FDCWD, std::string(kOldRootDir) + "/proc", true, "your /proc");
+        set_mount_attributes(tree.get(), attributes, 0, true, "your /proc");
+        attach_mount(tree.get(), target.get(), "/proc");
+        return;
+    }
+    try {
+        mount_fresh(root_fd, "/proc", "proc", {}, attributes, create);
+    } catch (const Error& e) {
+        if (e.system_errno() != EPERM) throw;
+        throw Error(
+            "cannot mount a fresh /proc: the kernel refuses one while this container's /proc "
+            "has masked entries; run the pod with procMount: Unmasked (and hostUsers: false), "
+            "or pass --proc outer to show the sandbox your own /proc (sqbox doctor explains)",
+            EPERM);
+    }
 }
 
 struct GeneratedFile {
@@ -452,8 +484,7 @@ PreparedRoot assemble_rootfs(const SandboxConfig& config) {
     const bool create = prepared.writable;
 
     // Order matters: system mounts first, the mount table last so it may sit on top of them.
-    mount_fresh(root, "/proc", "proc", {},
-                MountAttr::kNoSuid | MountAttr::kNoDev | MountAttr::kNoExec, create);
+    mount_proc(root, config, create);
     {
         // /proc is locked down on a second thread while /dev, /tmp and /etc are set up: neither
         // touches the other's paths. Joined, and its error rethrown, before the mount table,

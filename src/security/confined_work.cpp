@@ -48,7 +48,7 @@ constexpr const char* kAllowedSyscalls[] = {
 // Landlock decides what may be opened, but not the attributes of what is open: the kept
 // descriptors (the caller's image) may not have their mode, owner or times changed, and no O_PATH
 // descriptor (which Landlock lets through, to anything) may be opened at all.
-void install_syscall_filter(const std::vector<int>& protected_fds) {
+void install_syscall_filter(const std::vector<int>& protected_fds, bool make_symlinks) {
     std::unique_ptr<void, void (*)(scmp_filter_ctx)> filter(::seccomp_init(SCMP_ACT_ERRNO(EPERM)),
                                                             ::seccomp_release);
     if (!filter) throw Error("seccomp_init failed");
@@ -62,6 +62,7 @@ void install_syscall_filter(const std::vector<int>& protected_fds) {
         }
     };
     for (const char* name : kAllowedSyscalls) allow(name, ::seccomp_syscall_resolve_name(name), {});
+    if (make_symlinks) allow("symlinkat", SCMP_SYS(symlinkat), {});
     allow("openat", SCMP_SYS(openat), {SCMP_A2(SCMP_CMP_MASKED_EQ, O_PATH, 0)});
     std::vector<scmp_arg_cmp> not_protected;
     not_protected.reserve(protected_fds.size());
@@ -110,8 +111,8 @@ void confine_child(pid_t parent, int landlock_abi, int directory_fd,
     }
     // A root caller's child would keep every capability: Landlock leaves them alone.
     if (::geteuid() == 0) drop_all_privileges();
-    confine_to_directory(landlock_abi, directory_fd);
-    install_syscall_filter(protected_fds);
+    confine_to_directory(landlock_abi, directory_fd, limits.make_symlinks);
+    install_syscall_filter(protected_fds, limits.make_symlinks);
 }
 
 }  // namespace

@@ -19,6 +19,8 @@ struct ConfinedLimits {
     uint64_t address_space_bytes = uint64_t{1} << 30;
     uint64_t file_size_bytes = uint64_t{64} << 20;  // RLIMIT_FSIZE: the largest file it may write
     std::chrono::milliseconds time_limit{10000};
+    // It may also create symbolic links (symlinkat) beneath its directory: image/image_unpack.h.
+    bool make_symlinks = false;
 };
 
 // Runs `work` in a confined child whose writable world is the directory open at `directory_fd`,

@@ -103,10 +103,12 @@ void apply_landlock(int abi) {
     restrict_self(abi, root.get(), ~(kFsMakeChar | kFsMakeBlock), false, "the payload");
 }
 
-void confine_to_directory(int abi, int directory_fd) {
-    // Directories and regular files only: no devices, FIFOs, sockets or symlinks, no execution.
+void confine_to_directory(int abi, int directory_fd, bool symlinks) {
+    // Directories and regular files only (and symlinks if asked): no devices, FIFOs, sockets, no
+    // execution.
     const uint64_t allowed = kFsWriteFile | kFsReadFile | kFsReadDir | kFsRemoveDir |
-                             kFsRemoveFile | kFsMakeDir | kFsMakeReg | kFsTruncate;
+                             kFsRemoveFile | kFsMakeDir | kFsMakeReg | kFsTruncate |
+                             (symlinks ? kFsMakeSym : 0);
     restrict_self(abi, directory_fd, allowed, true, "the unpacking process");
 }
 

@@ -18,6 +18,7 @@
 #include <tuple>
 
 #include "image/image_source.h"
+#include "runtime/launcher.h"
 #include "runtime/sandbox_plan.h"
 #include "runtime/signals.h"
 #include "session/client_connection.h"
@@ -91,10 +92,7 @@ class Server final : private SessionPort, private JobEvents {
 
     void start_supervisor() {
         image_ = open_image(options_.base.image);
-        if (image_.kind == ImageSource::Kind::kSquashfs &&
-            ::access("/dev/fuse", R_OK | W_OK) != 0) {
-            throw system_error("cannot use /dev/fuse (needed to mount .sqsh images)");
-        }
+        if (image_.kind == ImageSource::Kind::kSquashfs) check_fuse_device();
         WarmSupervisorContext context;
         context.image = &image_;
         context.base = &options_.base;

@@ -63,6 +63,7 @@ SandboxConfig config_with_every_field_set() {
     config.use_warm_up_list = false;
     config.learn_warm_up = true;
     config.verbose = true;
+    config.proc_view = SandboxConfig::ProcView::kOuter;
     return config;
 }
 

@@ -163,3 +163,38 @@ TEST_F(ConfinedWorkTest, MemoryAndTimeAreBounded) {
 
 }  // namespace
 }  // namespace sqbox
+
+namespace sqbox {
+namespace {
+
+// Symlinks only when asked (an unpacked image keeps its own), and only beneath its directory.
+TEST_F(ConfinedWorkTest, MakesSymlinksOnlyWhenAskedAndOnlyInside) {
+    if (landlock_abi_version() == 0) GTEST_SKIP() << "Landlock is not available on this kernel";
+    const int dir = inside_.get();
+    auto try_symlinks = [&](bool allowed) {
+        ConfinedLimits limits;
+        limits.make_symlinks = allowed;
+        const std::string outside = dir_.string();
+        return run_confined(
+            dir, {},
+            [dir, outside] {
+                const int inside = ::symlinkat("/etc/passwd", dir, "link");
+                const int inside_errno = errno;
+                // Outside its directory, by an absolute path: Landlock refuses it.
+                const int out = ::symlinkat("/etc/passwd", AT_FDCWD, (outside + "/out").c_str());
+                return std::to_string(inside == 0 ? 0 : inside_errno) + " " +
+                       std::to_string(out == 0 ? 0 : errno);
+            },
+            limits);
+    };
+    EXPECT_EQ(try_symlinks(false), std::to_string(EPERM) + " " + std::to_string(EPERM));
+    EXPECT_FALSE(fs::is_symlink(dir_ / "inside" / "link"));
+    const std::string allowed = try_symlinks(true);
+    EXPECT_TRUE(allowed.starts_with("0 ")) << allowed;
+    EXPECT_NE(allowed, "0 0");
+    EXPECT_TRUE(fs::is_symlink(dir_ / "inside" / "link"));
+    EXPECT_FALSE(fs::exists(fs::symlink_status(dir_ / "out")));
+}
+
+}  // namespace
+}  // namespace sqbox

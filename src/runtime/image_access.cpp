@@ -1,0 +1,52 @@
+#include "runtime/image_access.h"
+
+#include <fcntl.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "util/errors.h"
+#include "util/process.h"
+#include "util/user_directories.h"
+
+namespace sqbox {
+
+ImageAccess choose_image_access(ImageSource& image, const SandboxConfig& config) {
+    ImageAccess access;
+    if (image.kind == ImageSource::Kind::kDirectory) {
+        access.mode = "directory";
+        return access;
+    }
+    const UniqueFd fuse(::open("/dev/fuse", O_RDWR | O_CLOEXEC));
+    if (fuse) {
+        access.mode = "fuse";
+        return access;
+    }
+    const std::string why = std::string("/dev/fuse: ") + std::strerror(errno);
+    if (config.learn_warm_up) {
+        throw Error("--learn-warm-up needs the image server, which needs /dev/fuse (" + why + ")");
+    }
+    // Whether a sandbox can be made at all, before minutes of unpacking for nothing (a pod whose
+    // seccomp profile refuses user namespaces says so here, in its own words).
+    probe_user_namespace();
+    try {
+        access.unpacked = unpack_image(&image.squashfs->fs, image.file.get(), image.path,
+                                       sqbox_cache_directory());
+    } catch (const Error& e) {
+        throw Error("cannot run " + image.path + " without FUSE (" + why +
+                    ") from an unpacked copy either: " + e.what() +
+                    " (give the pod /dev/fuse, or unpack the image and run the directory)");
+    }
+    if (config.verbose) {
+        print_error("image: " + why + "; running from an unpacked copy, " +
+                    (access.unpacked->made ? "made now" : "made before") + ": " +
+                    access.unpacked->root + " (" + std::to_string(access.unpacked->entries) +
+                    " names, " + std::to_string(access.unpacked->bytes) + " bytes of files)");
+    }
+    ImageSource unpacked = open_image(access.unpacked->root);
+    image = std::move(unpacked);
+    access.mode = "unpacked";
+    return access;
+}
+
+}  // namespace sqbox

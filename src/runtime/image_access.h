@@ -1,0 +1,25 @@
+// Whether the sandbox reads a .sqsh image over FUSE or from a copy unpacked into the caller's
+// cache, decided by the launcher before any namespace exists (docs/pods.md).
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "image/image_source.h"
+#include "image/image_unpack.h"
+#include "sqbox/config.h"
+
+namespace sqbox {
+
+// How the sandbox reads its image. A .sqsh is served over FUSE where /dev/fuse can be opened
+// (the supervisor opens it again itself: the kernel wants the device opened in the user namespace
+// that mounts it; opening it here decides before any namespace exists);
+// where it cannot (a pod without a device plugin), it is unpacked into the caller's cache
+// (image/image_unpack.h) and `image` becomes that directory, held for as long as this lives.
+struct ImageAccess {
+    std::string mode;  // "fuse", "unpacked" or "directory" (RunResult::image_access)
+    std::optional<UnpackedImage> unpacked;
+};
+ImageAccess choose_image_access(ImageSource& image, const SandboxConfig& config);
+
+}  // namespace sqbox
