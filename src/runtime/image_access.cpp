@@ -28,7 +28,7 @@ ImageAccess choose_image_access(ImageSource& image, const SandboxConfig& config)
     }
     // Whether a sandbox can be made at all, before minutes of unpacking for nothing (a pod whose
     // seccomp profile refuses user namespaces says so here, in its own words).
-    probe_user_namespace();
+    require_user_namespaces();
     try {
         access.unpacked = unpack_image(&image.squashfs->fs, image.file.get(), image.path,
                                        sqbox_cache_directory());

@@ -83,7 +83,7 @@ pid_t clone_process(unsigned long namespace_flags, const char* purpose) {
     return static_cast<pid_t>(pid);
 }
 
-void probe_user_namespace() {
+void require_user_namespaces() {
     const pid_t pid = clone_process(CLONE_NEWUSER, "the sandbox's user namespace");
     if (pid == 0) ::_exit(0);
     ChildProcess child(pid);

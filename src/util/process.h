@@ -17,7 +17,7 @@ pid_t clone_process(unsigned long namespace_flags, const char* purpose);
 
 // Whether this process may create a user namespace: a child is cloned into one and exits at
 // once. Throws clone_process's Error (naming why and the fix) if not.
-void probe_user_namespace();
+void require_user_namespaces();
 
 // Why the kernel refused a new user namespace with `err` (EPERM or ENOSPC), and what to change:
 // the sysctl that disables them, AppArmor's restriction, or a seccomp filter of the container
