@@ -4,7 +4,8 @@
 - `Sandbox(image)`: a `sqbox serve` server for many runs and persistent Python `Session`s,
   usable from many threads; `AsyncSandbox`/`AsyncSession` are the asyncio equivalents.
 
-The binary is the `binary=` argument, else `$SQBOX_BIN`, else `sqbox` on `$PATH`.
+The binary is the `binary=` argument, else `$SQBOX_BIN`, else the one the platform wheel bundles,
+else `sqbox` on `$PATH`.
 """
 from ._aio import AsyncSandbox, AsyncSession
 from ._binary import find_binary

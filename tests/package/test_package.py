@@ -1,12 +1,14 @@
 """The packages of scripts/package, installed where nothing of the build is: bare Debian root
 filesystems made by mmdebstrap (minbase), in which the tarball and the .deb must install and run
-a sandbox as an unprivileged user.
+a sandbox as an unprivileged user, and the wheel must pip-install offline into a virtual
+environment whose client and `sqbox` command run sandboxes.
 
 Needs root (mmdebstrap's root mode, dpkg in a chroot), mmdebstrap, bubblewrap and Debian's
 archive. The root filesystems are cached as tarballs ($SQBOX_PACKAGE_TEST_CACHE, else
 ~/.cache/sqbox/package-tests), so reruns only unpack them. The packages come from
-$SQBOX_PACKAGE_DIR when set (the output of an earlier scripts/package), else scripts/package
-builds them in $SQBOX_PACKAGE_BUILD_DIR (default: the checkout's build-package/).
+$SQBOX_PACKAGE_DIR when set (the output of an earlier scripts/package --wheel), else
+scripts/package --wheel builds them in $SQBOX_PACKAGE_BUILD_DIR (default: the checkout's
+build-package/).
 """
 import os
 import re
@@ -14,6 +16,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -42,16 +46,24 @@ def prerequisites():
 
 
 @pytest.fixture(scope="module")
-def packages():
-    """(tarball, deb): from $SQBOX_PACKAGE_DIR, else built now by scripts/package."""
+def package_dir():
+    """$SQBOX_PACKAGE_DIR, else where scripts/package --wheel puts what it builds now."""
     given = os.environ.get("SQBOX_PACKAGE_DIR")
     if given:
-        directory = Path(given)
-    else:
-        build = os.environ.get("SQBOX_PACKAGE_BUILD_DIR", str(ROOT / "build-package"))
-        directory = Path(build) / "dist"
-        subprocess.run([str(ROOT / "scripts" / "package"), "--build-dir", build, "--output",
-                        str(directory)], check=True, stdout=subprocess.DEVNULL)
+        return Path(given)
+    build = os.environ.get("SQBOX_PACKAGE_BUILD_DIR", str(ROOT / "build-package"))
+    directory = Path(build) / "dist"
+    # The wheel is built with this Python's setuptools and wheel.
+    subprocess.run([str(ROOT / "scripts" / "package"), "--build-dir", build, "--output",
+                    str(directory), "--wheel"], check=True, stdout=subprocess.DEVNULL,
+                   env=dict(os.environ, PYTHON=sys.executable))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def packages(package_dir):
+    """(tarball, deb)"""
+    directory = package_dir
     tarballs = sorted(directory.glob("sqbox-*.tar.gz"))
     debs = sorted(directory.glob("sqbox_*.deb"))
     assert len(tarballs) == 1 and len(debs) == 1, f"expected one tarball and one .deb in {directory}"
@@ -115,14 +127,16 @@ def in_chroot(rootfs, *command, check=True):
                           stderr=subprocess.PIPE, text=True, timeout=300, check=check)
 
 
-def as_nobody_in(rootfs, *command, image=None):
+def as_nobody_in(rootfs, *command, image=None, offline=False):
     """Runs COMMAND in ROOTFS as an unprivileged user (nobody, no capabilities) through
     bubblewrap: the root filesystem, a fresh /proc, a minimal /dev with /dev/fuse, a tmpfs /tmp,
-    and IMAGE at /image.sqsh; nothing else of the host."""
+    and IMAGE at /image.sqsh; nothing else of the host (and, OFFLINE, not its network)."""
     argv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
             "--inh-caps=-all", "env", "-i", "PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/tmp",
             "bwrap", "--unshare-user", "--bind", str(rootfs), "/", "--proc", "/proc",
             "--dev", "/dev", "--dev-bind", "/dev/fuse", "/dev/fuse", "--tmpfs", "/tmp"]
+    if offline:
+        argv.append("--unshare-net")
     if image is not None:
         (rootfs / "image.sqsh").touch()
         argv += ["--ro-bind", str(image), "/image.sqsh"]
@@ -253,3 +267,114 @@ def test_apparmor_4_parses_the_profile_and_the_package_keeps_it_enabled(packages
     expanded = in_chroot(rootfs, "apparmor_parser", "--preprocess", "/etc/apparmor.d/sqbox").stdout
     assert re.search(r"profile sqbox /usr/\{,local/\}bin/sqbox flags=\(unconfined\)", expanded)
     assert re.search(r"^\s*userns,", expanded, re.MULTILINE)
+
+
+# ---------------------------------------------------------------------------------------------
+# The wheel: the Python client with the binary in it
+
+WHEEL_NAME = re.compile(r"sqbox-(?P<version>[^-]+)-py3-none-manylinux_(?P<glibc>\d+_\d+)_"
+                        r"(?P<arch>\w+)\.whl")
+# Python and venv, as a harness's machine has them; nothing of sqbox's build.
+PYTHON_ONLY = ("python3", "python3-venv")
+
+
+@pytest.fixture(scope="module")
+def wheel(package_dir):
+    wheels = sorted(package_dir.glob("sqbox-*.whl"))
+    assert len(wheels) == 1, f"expected one wheel in {package_dir}: {wheels}"
+    return wheels[0]
+
+
+def newest_glibc_version(binary):
+    symbols = subprocess.run(["readelf", "--dyn-syms", "--wide", str(binary)], check=True,
+                             stdout=subprocess.PIPE, text=True).stdout
+    versions = re.findall(r"@GLIBC_(\d+(?:\.\d+)+)", symbols)
+    return max(versions, key=lambda v: tuple(int(part) for part in v.split(".")))
+
+
+def test_the_wheel_is_tagged_for_the_glibc_and_machine_its_binary_needs(packages, version, wheel,
+                                                                        tmp_path):
+    match = WHEEL_NAME.fullmatch(wheel.name)
+    assert match, wheel.name
+    assert match["version"] == version and match["arch"] == os.uname().machine
+    tarball, _ = packages
+    subprocess.run(["tar", "-C", str(tmp_path), "-xzf", str(tarball)], check=True)
+    (tarball_binary,) = tmp_path.glob("*/bin/sqbox")
+    assert match["glibc"] == newest_glibc_version(tarball_binary).replace(".", "_")
+
+    with zipfile.ZipFile(wheel) as archive:
+        entry = archive.getinfo("sqbox/_bin/sqbox")
+        assert (entry.external_attr >> 16) & 0o777 == 0o755
+        # The tarball's binary, byte for byte.
+        assert archive.read(entry) == tarball_binary.read_bytes()
+        dist_info = f"sqbox-{version}.dist-info"
+        tags = archive.read(f"{dist_info}/WHEEL").decode()
+        assert f"Tag: py3-none-manylinux_{match['glibc']}_{match['arch']}" in tags.splitlines()
+        scripts = archive.read(f"{dist_info}/entry_points.txt").decode()
+        assert re.search(r"^\[console_scripts\]\nsqbox = sqbox\._command:main$", scripts,
+                         re.MULTILINE), scripts
+
+
+def test_the_wheel_installs_offline_into_a_venv_and_runs_sandboxes(wheel, version, make_rootfs):
+    rootfs = make_rootfs("bookworm", PYTHON_ONLY)
+    # Nothing of the build, and no other sqbox, for the client to find.
+    assert not list(rootfs.glob("usr/bin/*gcc*")) and not list(rootfs.glob("usr/bin/cmake"))
+    for library in ("libfuse3.so*", "libsquashfuse*", "libsquashfs.so*", "libarchive.so*"):
+        assert not list(rootfs.glob(f"usr/lib/*/{library}")), library
+    assert not list(rootfs.glob("usr/*bin/sqbox")) and not list(rootfs.glob("usr/local/*/sqbox"))
+    home = rootfs / "home" / "user"
+    home.mkdir(parents=True)
+    os.chown(home, NOBODY, NOBODY)
+    shutil.copy(wheel, home / wheel.name)
+
+    def as_nobody(*command):
+        return as_nobody_in(rootfs, *command, image=test_inputs.image("busybox"), offline=True)
+
+    result = as_nobody("cat", "/proc/net/dev")
+    interfaces = [line.split(":")[0].strip() for line in result.stdout.splitlines() if ":" in line]
+    assert interfaces == ["lo"], "the installation is not offline"
+
+    result = as_nobody("python3", "-m", "venv", "/home/user/venv")
+    assert result.returncode == 0, result.stdout + result.stderr
+    result = as_nobody("/home/user/venv/bin/pip", "install", "--no-index", "--quiet",
+                       f"/home/user/{wheel.name}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    (installed,) = home.glob("venv/lib/python3*/site-packages/sqbox/_bin/sqbox")
+    assert installed.stat().st_mode & 0o777 == 0o755
+
+    # The client finds the binary it carries, and runs sandboxes with it: one `sqbox run`, and a
+    # `sqbox serve` with one run.
+    client = textwrap.dedent("""
+        import sqbox
+        print(sqbox.find_binary())
+        print(sqbox.run("/image.sqsh", ["sh", "-c", "echo $((6 * 7)) $(id -u)"]).stdout, end="")
+        with sqbox.Sandbox("/image.sqsh") as sandbox:
+            print(sandbox.run(["sh", "-c", "echo served $(readlink /bin/sh)"]).stdout, end="")
+    """)
+    result = as_nobody("/home/user/venv/bin/python", "-c", client)
+    assert result.returncode == 0, result.stderr
+    found, answer, served = result.stdout.splitlines()
+    assert found == "/" + str(installed.relative_to(rootfs))
+    assert answer == f"42 {NOBODY}"
+    assert served.startswith("served ") and served.endswith("busybox")
+
+    # The `sqbox` command, as an activated environment puts it on PATH.
+    def in_venv(command):
+        return as_nobody("sh", "-c", ". /home/user/venv/bin/activate && " + command)
+
+    result = in_venv("command -v sqbox && sqbox --version && sqbox run /image.sqsh echo hi")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["/home/user/venv/bin/sqbox", f"sqbox {version}", "hi"]
+    # A failing payload's status comes through the command unchanged.
+    result = in_venv("sqbox run /image.sqsh -- sh -c 'exit 3'")
+    assert result.returncode == 3, result.stderr
+
+    # The enroot front end: `sqbox enroot`, or the command under the name enroot.
+    by_subcommand = in_venv("sqbox enroot version")
+    assert by_subcommand.returncode == 0, by_subcommand.stderr
+    assert by_subcommand.stdout.strip() != "" and "sqbox" not in by_subcommand.stdout
+    (home / "bin").mkdir()
+    (home / "bin" / "enroot").symlink_to("../venv/bin/sqbox")
+    by_name = in_venv("PATH=/home/user/bin:$PATH enroot version")
+    assert by_name.returncode == 0, by_name.stderr
+    assert by_name.stdout == by_subcommand.stdout
