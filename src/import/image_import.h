@@ -17,6 +17,11 @@
 
 namespace sqbox {
 
+// RLIMIT_DATA of the process that reads the layers and writes the image (see
+// security/parser_process.h): its heap (the tree: some 500 bytes per entry), thread stacks and
+// the compressor's buffers. The python test image needs PEAK_TBD; a million files some 1 GiB.
+inline constexpr uint64_t kLayerReaderDataLimitBytes = uint64_t{4} << 30;
+
 struct ImportOptions {
     SquashfsCompression compression = SquashfsCompression::zstd;
     std::string provenance;                    // the URI, for /etc/rc's first line
@@ -25,7 +30,10 @@ struct ImportOptions {
 
 // Writes the image to `output`, which must not exist: to a temporary file beside it first, renamed
 // into place at the end (never over a file that appeared meanwhile); on any failure nothing is
-// left behind and an Error with one line says why.
+// left behind and an Error with one line says why. The layers are read and the image written by
+// a child process confined before it reads any layer (security/parser_process.h), which is given
+// the layers and the temporary file as open descriptors; a child that dies is reported as "the
+// image's layers could not be read: ... (the reader crashed)" or "(... ran out of memory)".
 void write_image_from_layers(const ImageLayers& image, const std::filesystem::path& output,
                              const ImportOptions& options);
 
