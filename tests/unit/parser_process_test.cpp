@@ -33,9 +33,9 @@ namespace fs = std::filesystem;
 
 // "ok" when `work` returned, else the message the parent threw ("died: ..." when the child died).
 std::string outcome(const std::function<void()>& work, const std::vector<int>& keep_fds = {},
-                    ParserProcessLimits limits = {}) {
+                    ParserProcessLimits limits = {}, int landlock_abi = landlock_abi_version()) {
     try {
-        run_in_parser_process(keep_fds, landlock_abi_version(), limits, work);
+        run_in_parser_process(keep_fds, landlock_abi, limits, work);
         return "ok";
     } catch (const ParserProcessDied& e) {
         return std::string("died: ") + e.what();
@@ -102,6 +102,20 @@ TEST(ParserProcessTest, OpensNoFileByPath) {
                        "make a directory");
         EXPECT_FALSE(fs::exists(made));
     }
+}
+
+TEST(ParserProcessTest, OpensNoFileByPathWithoutLandlockEither) {
+    // As on a kernel without Landlock: the seccomp filter alone.
+    TempDirectory temp("parser");
+    const fs::path secret = temp.path() / "secret";
+    std::ofstream(secret) << "secret\n";
+    const std::string read = outcome(
+        [&] {
+            UniqueFd fd(::open(secret.c_str(), O_RDONLY | O_CLOEXEC));
+            if (!fd) throw system_error("open");
+        },
+        {}, {}, 0);
+    EXPECT_EQ(read, "open: Permission denied");
 }
 
 TEST(ParserProcessTest, StartingAProgramKillsIt) {
