@@ -175,6 +175,7 @@ void write_image_from_layers(const ImageLayers& image, const std::filesystem::pa
     RemoveOnExit remove_temporary(temporary);
 
     std::vector<int> reader_fds;
+    reader_fds.reserve(fds.size() + 1);
     for (const UniqueFd& fd : fds) reader_fds.push_back(fd.get());
     reader_fds.push_back(image_fd.get());
     const ParserProcessLimits limits{kLayerReaderDataLimitBytes};

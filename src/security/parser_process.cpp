@@ -85,8 +85,9 @@ void isolate_descriptors(const std::vector<int>& keep) {
 
 void confine_self(pid_t parent, int landlock_abi, const ParserProcessLimits& limits) {
     die_with_parent(parent);
-    if (::prctl(PR_SET_NAME, "sqbox-reader", 0, 0, 0) != 0)
+    if (::prctl(PR_SET_NAME, "sqbox-reader", 0, 0, 0) != 0) {
         throw system_error("prctl(PR_SET_NAME)");
+    }
     if (::prctl(PR_SET_DUMPABLE, 0) != 0) throw system_error("prctl(PR_SET_DUMPABLE)");
     const rlimit data{limits.data_bytes, limits.data_bytes};
     const rlimit none{0, 0};
