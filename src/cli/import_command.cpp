@@ -11,6 +11,7 @@
 #include "import/image_import.h"
 #include "import/local_sources.h"
 #include "import/registry.h"
+#include "security/landlock.h"
 #include "util/errors.h"
 
 namespace sqbox::cli {
@@ -74,6 +75,8 @@ CLI::App* add_import_subcommand(CLI::App& app, ImportArguments& args) {
     import->add_option(
         "--compression", args.compression,
         "Squashfs compression: zstd (default, level 6), gzip, xz or none (data stored as is)");
+    import->add_flag("-v,--verbose", args.verbose,
+                     "Report how the process reading the layers is confined, on stderr");
     return import;
 }
 
@@ -181,6 +184,19 @@ std::string image_digest(const std::string& uri, const std::string& architecture
 }
 
 void execute_import(const ImportArguments& args) {
+    if (args.verbose) {
+        const int abi = landlock_abi_version();
+        print_error(
+            "import: the layers are read by a child process with no_new_privs, no "
+            "capabilities, a seccomp filter and " +
+            std::to_string(kLayerReaderDataLimitBytes >> 20) + " MiB of memory");
+        print_error(abi > 0 ? "landlock: applied (ABI " + std::to_string(abi) +
+                                  "): the layer reader can open no file" +
+                                  (abi >= 4 ? " and make no TCP connection" : "")
+                            : std::string("landlock: not applied (this kernel has no Landlock); "
+                                          "the layer reader's seccomp filter still refuses every "
+                                          "open by path"));
+    }
     std::filesystem::path output =
         args.output.empty() ? std::filesystem::path(default_image_name(args.uri) + ".sqsh")
                             : std::filesystem::path(args.output);

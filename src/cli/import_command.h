@@ -18,6 +18,7 @@ struct ImportArguments {
     std::string output;
     std::string architecture;  // enroot's -a (x86_64, aarch64, ppc64le) or Go's names
     std::string compression = "zstd";
+    bool verbose = false;  // how the layer reader is confined, on stderr
 };
 
 CLI::App* add_import_subcommand(CLI::App& app, ImportArguments& args);

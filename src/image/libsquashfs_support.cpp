@@ -12,6 +12,7 @@
 #include <sqfs/meta_writer.h>
 #include <sqfs/xattr_writer.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -35,7 +36,83 @@ unsigned int worker_count() {
     return static_cast<unsigned int>(std::max(1, CPU_COUNT(&cpus)));
 }
 
+// libsquashfs's interface over a descriptor; the size is kept here, as the library's own
+// implementation does, since only this object writes the file.
+struct DescriptorFile {
+    sqfs_file_t base{};  // first: libsquashfs hands back a pointer to it
+    int fd = -1;
+    sqfs_u64 size = 0;
+};
+
+DescriptorFile* descriptor_file(sqfs_file_t* file) {
+    return reinterpret_cast<DescriptorFile*>(file);
+}
+
+int descriptor_read_at(sqfs_file_t* file, sqfs_u64 offset, void* buffer, size_t size) {
+    const DescriptorFile& self = *descriptor_file(file);
+    if (offset > self.size || size > self.size - offset) return SQFS_ERROR_OUT_OF_BOUNDS;
+    auto* bytes = static_cast<char*>(buffer);
+    while (size > 0) {
+        const ssize_t got = ::pread(self.fd, bytes, size, static_cast<off_t>(offset));
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) return SQFS_ERROR_IO;
+        if (got == 0) return SQFS_ERROR_OUT_OF_BOUNDS;
+        bytes += got;
+        size -= static_cast<size_t>(got);
+        offset += static_cast<sqfs_u64>(got);
+    }
+    return 0;
+}
+
+int descriptor_write_at(sqfs_file_t* file, sqfs_u64 offset, const void* buffer, size_t size) {
+    DescriptorFile& self = *descriptor_file(file);
+    const auto* bytes = static_cast<const char*>(buffer);
+    sqfs_u64 position = offset;
+    size_t left = size;
+    while (left > 0) {
+        const ssize_t put = ::pwrite(self.fd, bytes, left, static_cast<off_t>(position));
+        if (put < 0 && errno == EINTR) continue;
+        if (put <= 0) return SQFS_ERROR_IO;
+        bytes += put;
+        left -= static_cast<size_t>(put);
+        position += static_cast<sqfs_u64>(put);
+    }
+    self.size = std::max(self.size, offset + size);
+    return 0;
+}
+
+sqfs_u64 descriptor_get_size(const sqfs_file_t* file) {
+    return reinterpret_cast<const DescriptorFile*>(file)->size;
+}
+
+int descriptor_truncate(sqfs_file_t* file, sqfs_u64 size) {
+    DescriptorFile& self = *descriptor_file(file);
+    if (::ftruncate(self.fd, static_cast<off_t>(size)) != 0) return SQFS_ERROR_IO;
+    self.size = size;
+    return 0;
+}
+
+void descriptor_destroy(sqfs_object_t* object) {
+    delete reinterpret_cast<DescriptorFile*>(object);
+}
+
 }  // namespace
+
+sqfs_file_t* make_descriptor_file(int fd) {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) return nullptr;
+    auto* file = new (std::nothrow) DescriptorFile;
+    if (file == nullptr) return nullptr;
+    file->base.base.destroy = descriptor_destroy;
+    file->base.base.copy = nullptr;
+    file->base.read_at = descriptor_read_at;
+    file->base.write_at = descriptor_write_at;
+    file->base.get_size = descriptor_get_size;
+    file->base.truncate = descriptor_truncate;
+    file->fd = fd;
+    file->size = static_cast<sqfs_u64>(st.st_size);
+    return &file->base;
+}
 
 void free_library_memory(void* memory) {
     sqfs_free(memory);

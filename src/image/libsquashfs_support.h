@@ -27,6 +27,12 @@ struct SqfsDestroyer {
 template <typename T>
 using SqfsObject = std::unique_ptr<T, SqfsDestroyer>;
 
+// A writable sqfs_file_t over `fd` (borrowed: it must outlive the object, which never closes it):
+// pread and pwrite at absolute offsets, so the image needs no path, and a process that may open
+// no file at all can write it. Not copyable (libsquashfs expects that of writable files). Null when
+// out of memory or when `fd` cannot be examined.
+sqfs_file_t* make_descriptor_file(int fd);
+
 // Inodes come from libsquashfs (released with sqfs_free) or from here (released with free).
 void free_library_memory(void* memory);
 void free_own_memory(void* memory);

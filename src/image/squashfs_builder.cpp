@@ -58,7 +58,7 @@ SquashfsInode::~SquashfsInode() {
 
 class SquashfsBuilder::Impl {
   public:
-    Impl(const std::string& output_path, const SquashfsBuildOptions& options);
+    Impl(int output_fd, const std::string& name, const SquashfsBuildOptions& options);
     Impl(const Impl&) = delete;
     Impl& operator=(const Impl&) = delete;
     ~Impl() = default;
@@ -69,7 +69,7 @@ class SquashfsBuilder::Impl {
     void finish(SquashfsEntry& root);
 
   private:
-    sqfs_file_t* create_image_file(const std::string& output_path);
+    sqfs_file_t* open_image_file(int output_fd);
     void write_empty_files(SquashfsEntry& directory, const std::string& path);
     void count_links(SquashfsEntry& directory);
     void number_inodes(SquashfsEntry& directory);
@@ -81,22 +81,7 @@ class SquashfsBuilder::Impl {
     sqfs_u32 xattr_index(const SquashfsInode& node, const std::string& path);
     void check(int result, const std::string& operation) const;
 
-    // Removes the image file it created unless the write completed (also when a constructor
-    // throws), after everything else here is gone.
-    struct OutputGuard {
-        OutputGuard() = default;
-        OutputGuard(const OutputGuard&) = delete;
-        OutputGuard& operator=(const OutputGuard&) = delete;
-        ~OutputGuard() {
-            // Nobody is left to report a failed cleanup to; the write's own error is thrown.
-            if (!path.empty() && !complete) (void)::unlink(path.c_str());
-        }
-        std::string path;  // set once the file is ours
-        bool complete = false;
-    };
-
     std::string context_;
-    OutputGuard output_guard_;
     SqfsObject<sqfs_file_t> file_;
     SqfsObject<sqfs_xattr_writer_t> xattr_writer_;
     SquashfsWritePipeline pipeline_;
@@ -105,9 +90,10 @@ class SquashfsBuilder::Impl {
     sqfs_u32 inode_count_ = 0;
 };
 
-SquashfsBuilder::Impl::Impl(const std::string& output_path, const SquashfsBuildOptions& options)
-    : context_("writing squashfs image " + output_path),
-      file_(create_image_file(output_path)),
+SquashfsBuilder::Impl::Impl(int output_fd, const std::string& name,
+                            const SquashfsBuildOptions& options)
+    : context_("writing squashfs image " + name),
+      file_(open_image_file(output_fd)),
       xattr_writer_(sqfs_xattr_writer_create(0)),
       pipeline_(file_.get(), library_compressor(options.compression),
                 compression_level(library_compressor(options.compression)), context_) {
@@ -118,11 +104,9 @@ SquashfsBuilder::Impl::Impl(const std::string& output_path, const SquashfsBuildO
     }
 }
 
-// Sets the guard only once the file is ours: a file that was there before is never removed.
-sqfs_file_t* SquashfsBuilder::Impl::create_image_file(const std::string& output_path) {
-    sqfs_file_t* file = sqfs_open_file(output_path.c_str(), 0);  // no OVERWRITE: O_CREAT | O_EXCL
-    if (file == nullptr) throw system_error(context_ + ": cannot create the image file");
-    output_guard_.path = output_path;
+sqfs_file_t* SquashfsBuilder::Impl::open_image_file(int output_fd) {
+    sqfs_file_t* file = make_descriptor_file(output_fd);
+    if (file == nullptr) throw system_error(context_ + ": cannot use the image file");
     return file;
 }
 
@@ -164,7 +148,6 @@ void SquashfsBuilder::Impl::finish(SquashfsEntry& root) {
     if (!any_xattrs_) pipeline_.super.flags |= SQFS_FLAG_NO_XATTRS;
     pipeline_.write_tables(root.inode->inode_number, root.inode->inode_ref,
                            any_xattrs_ ? xattr_writer_.get() : nullptr);
-    output_guard_.complete = true;
 }
 
 void SquashfsBuilder::Impl::write_empty_files(SquashfsEntry& directory, const std::string& path) {
@@ -295,9 +278,9 @@ void SquashfsBuilder::Impl::check(int result, const std::string& operation) cons
     pipeline_.check(result, operation);
 }
 
-SquashfsBuilder::SquashfsBuilder(const std::string& output_path,
+SquashfsBuilder::SquashfsBuilder(int output_fd, const std::string& name,
                                  const SquashfsBuildOptions& options)
-    : impl_(std::make_unique<Impl>(output_path, options)) {}
+    : impl_(std::make_unique<Impl>(output_fd, name, options)) {}
 SquashfsBuilder::~SquashfsBuilder() = default;
 void SquashfsBuilder::begin_file(SquashfsInode& inode) {
     impl_->begin_file(inode);

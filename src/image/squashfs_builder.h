@@ -63,11 +63,13 @@ struct SquashfsBuildOptions {
 };
 
 // Writes one image: file data first (begin_file / append / end_file, one file at a time, in any
-// order), then finish() with the tree. The output file is created (never over an existing one)
-// and removed again unless finish() completed.
+// order), then finish() with the tree. The image goes into `output_fd` (borrowed; an empty regular
+// file open for reading and writing), by descriptor only: the writer opens no path, so it can run
+// in a process that may open none (import/image_import.cpp). The caller removes the file when
+// finish() did not complete; `name` is for messages.
 class SquashfsBuilder {
   public:
-    SquashfsBuilder(const std::string& output_path, const SquashfsBuildOptions& options);
+    SquashfsBuilder(int output_fd, const std::string& name, const SquashfsBuildOptions& options);
     SquashfsBuilder(const SquashfsBuilder&) = delete;
     SquashfsBuilder& operator=(const SquashfsBuilder&) = delete;
     ~SquashfsBuilder();

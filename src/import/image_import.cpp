@@ -13,6 +13,8 @@
 #include "import/enroot_image_files.h"
 #include "import/layer_reader.h"
 #include "import/layer_tree.h"
+#include "security/landlock.h"
+#include "security/parser_process.h"
 #include "util/errors.h"
 #include "util/unique_fd.h"
 
@@ -100,23 +102,10 @@ bool rename_without_replacing(const std::filesystem::path& from, const std::file
     return false;
 }
 
-}  // namespace
-
-std::filesystem::path temporary_path_beside(const std::filesystem::path& output) {
-    std::random_device random;
-    char suffix[16];
-    std::snprintf(suffix, sizeof suffix, "%08x", random());
-    std::filesystem::path directory = output.parent_path();
-    if (directory.empty()) directory = ".";
-    return directory / ("." + output.filename().string() + "." + suffix + ".tmp");
-}
-
-void write_image_from_layers(const ImageLayers& image, const std::filesystem::path& output,
-                             const ImportOptions& options) {
-    struct stat st {};
-    if (::lstat(output.c_str(), &st) == 0) throw Error("File already exists: " + output.string());
-    std::vector<UniqueFd> fds = open_layers(image);
-
+// Both passes over the layers, in the confined reader: the tree from their headers, then the
+// surviving files' data into the image open at `image_fd`.
+void write_image(const ImageLayers& image, const std::vector<UniqueFd>& fds, int image_fd,
+                 const std::string& image_name, const ImportOptions& options) {
     // Pass 1: the final tree from the headers.
     LayerTree tree;
     for (size_t layer = 0; layer < fds.size(); ++layer) {
@@ -147,24 +136,57 @@ void write_image_from_layers(const ImageLayers& image, const std::filesystem::pa
     }
 
     // Pass 2: the surviving files' data, layer by layer, into the image.
-    const std::filesystem::path temporary = temporary_path_beside(output);
-    RemoveOnExit remove_temporary(temporary);
-    {
-        SquashfsBuilder builder(temporary.string(), {options.compression});
-        const auto plan = tree.data_plan(fds.size());
-        std::vector<char> buffer(kCopyBlockBytes);
-        for (size_t layer = 0; layer < fds.size(); ++layer) {
-            write_layer_data(builder, fds[layer].get(), layer_name(image, layer), plan[layer],
-                             buffer);
-        }
-        for (size_t i = 0; i < generated_inodes.size(); ++i) {
-            if (generated[i].content->empty()) continue;
-            builder.begin_file(*generated_inodes[i]);
-            builder.append(generated[i].content->data(), generated[i].content->size());
-            builder.end_file();
-        }
-        builder.finish(tree.root());
+    SquashfsBuilder builder(image_fd, image_name, {options.compression});
+    const auto plan = tree.data_plan(fds.size());
+    std::vector<char> buffer(kCopyBlockBytes);
+    for (size_t layer = 0; layer < fds.size(); ++layer) {
+        write_layer_data(builder, fds[layer].get(), layer_name(image, layer), plan[layer], buffer);
     }
+    for (size_t i = 0; i < generated_inodes.size(); ++i) {
+        if (generated[i].content->empty()) continue;
+        builder.begin_file(*generated_inodes[i]);
+        builder.append(generated[i].content->data(), generated[i].content->size());
+        builder.end_file();
+    }
+    builder.finish(tree.root());
+}
+
+}  // namespace
+
+std::filesystem::path temporary_path_beside(const std::filesystem::path& output) {
+    std::random_device random;
+    char suffix[16];
+    std::snprintf(suffix, sizeof suffix, "%08x", random());
+    std::filesystem::path directory = output.parent_path();
+    if (directory.empty()) directory = ".";
+    return directory / ("." + output.filename().string() + "." + suffix + ".tmp");
+}
+
+void write_image_from_layers(const ImageLayers& image, const std::filesystem::path& output,
+                             const ImportOptions& options) {
+    struct stat st {};
+    if (::lstat(output.c_str(), &st) == 0) throw Error("File already exists: " + output.string());
+    // Everything the reader touches is opened here: it may open nothing itself.
+    const std::vector<UniqueFd> fds = open_layers(image);
+    const std::filesystem::path temporary = temporary_path_beside(output);
+    UniqueFd image_fd(
+        ::open(temporary.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY, 0644));
+    if (!image_fd) throw system_error("writing squashfs image " + temporary.string());
+    RemoveOnExit remove_temporary(temporary);
+
+    std::vector<int> reader_fds;
+    reader_fds.reserve(fds.size() + 1);
+    for (const UniqueFd& fd : fds) reader_fds.push_back(fd.get());
+    reader_fds.push_back(image_fd.get());
+    const ParserProcessLimits limits{kLayerReaderDataLimitBytes};
+    try {
+        run_in_parser_process(reader_fds, landlock_abi_version(), limits, [&] {
+            write_image(image, fds, image_fd.get(), temporary.string(), options);
+        });
+    } catch (const ParserProcessDied& e) {
+        throw Error(std::string("the image's layers could not be read: ") + e.what());
+    }
+    image_fd.reset();
     // After a link() fallback the temporary name still exists; the guard removes it.
     if (rename_without_replacing(temporary, output)) remove_temporary.release();
 }

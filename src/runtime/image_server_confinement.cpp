@@ -16,6 +16,7 @@
 #include "runtime/mounts.h"
 #include "runtime/rootfs.h"
 #include "security/capabilities.h"
+#include "security/seccomp_rules.h"
 #include "util/errors.h"
 #include "util/process.h"
 #include "util/unique_fd.h"
@@ -82,36 +83,6 @@ constexpr const char* kServingSyscalls[] = {
     "exit_group",
 };
 
-class SeccompFilter {
-  public:
-    SeccompFilter() : filter_(::seccomp_init(SCMP_ACT_KILL_PROCESS), ::seccomp_release) {
-        if (!filter_) throw Error("seccomp_init failed");
-        // Calls of another architecture's ABI (int 0x80, x32) die too.
-        check(::seccomp_attr_set(filter_.get(), SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS),
-              "badarch");
-    }
-
-    void add(uint32_t action, const char* name, std::vector<scmp_arg_cmp> conditions = {}) {
-        const int number = ::seccomp_syscall_resolve_name(name);
-        if (number == __NR_SCMP_ERROR) return;  // not a system call of this architecture
-        check(::seccomp_rule_add_array(filter_.get(), action, number,
-                                       static_cast<unsigned>(conditions.size()), conditions.data()),
-              name);
-    }
-
-    void load() { check(::seccomp_load(filter_.get()), "load"); }
-
-  private:
-    static void check(int err, const char* what) {
-        if (err < 0) {
-            throw Error(std::string("image server seccomp filter (") + what +
-                        "): " + std::strerror(-err));
-        }
-    }
-
-    std::unique_ptr<void, void (*)(scmp_filter_ctx)> filter_;
-};
-
 // Stdin, stdout and stderr to /dev/null, every other descriptor closed but `keep_fds`.
 void keep_only(const std::vector<int>& keep_fds) {
     const std::string null_path = std::string(kOldRootDir) + "/dev/null";
@@ -163,7 +134,7 @@ void limit_memory() {
 }  // namespace
 
 void install_image_server_filter() {
-    SeccompFilter filter;
+    SeccompRules filter(SCMP_ACT_KILL_PROCESS, "image server");
     for (const char* name : kServingSyscalls) filter.add(SCMP_ACT_ALLOW, name);
     // Private mappings only: shared memory is outside RLIMIT_DATA, so a hijacked server could
     // hold the host's memory with it (MAP_SHARED_VALIDATE has the same bit).

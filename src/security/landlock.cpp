@@ -66,7 +66,8 @@ int landlock_abi_version() {
 
 namespace {
 
-// Restricts the calling process to `allowed` rights beneath `directory_fd`, nothing elsewhere;
+// Restricts the calling process to `allowed` rights beneath `directory_fd` (none anywhere when it
+// is -1), nothing elsewhere;
 // from ABI 6 on, no signals or abstract-socket connections outside the domain either, and with
 // `no_tcp` (ABI 4 on) no TCP bind or connect at all.
 void restrict_self(int abi, int directory_fd, uint64_t allowed, bool no_tcp, const char* what) {
@@ -84,11 +85,14 @@ void restrict_self(int abi, int directory_fd, uint64_t allowed, bool no_tcp, con
     if (!ruleset_fd) {
         throw system_error(std::string("cannot create the landlock ruleset for ") + what);
     }
-    PathBeneathAttr beneath;
-    beneath.allowed_access = ruleset.handled_access_fs & allowed;
-    beneath.parent_fd = directory_fd;
-    if (::syscall(SYS_landlock_add_rule, ruleset_fd.get(), kRulePathBeneath, &beneath, 0U) != 0) {
-        throw system_error(std::string("cannot add the landlock rule for ") + what);
+    if (directory_fd >= 0) {
+        PathBeneathAttr beneath;
+        beneath.allowed_access = ruleset.handled_access_fs & allowed;
+        beneath.parent_fd = directory_fd;
+        if (::syscall(SYS_landlock_add_rule, ruleset_fd.get(), kRulePathBeneath, &beneath, 0U) !=
+            0) {
+            throw system_error(std::string("cannot add the landlock rule for ") + what);
+        }
     }
     if (::syscall(SYS_landlock_restrict_self, ruleset_fd.get(), 0U) != 0) {
         throw system_error(std::string("cannot apply landlock to ") + what);
@@ -110,6 +114,10 @@ void confine_to_directory(int abi, int directory_fd, bool symlinks) {
                              kFsRemoveFile | kFsMakeDir | kFsMakeReg | kFsTruncate |
                              (symlinks ? kFsMakeSym : 0);
     restrict_self(abi, directory_fd, allowed, true, "the unpacking process");
+}
+
+void forbid_files_and_tcp(int abi) {
+    restrict_self(abi, -1, 0, true, "the layer reader");
 }
 
 }  // namespace sqbox

@@ -23,4 +23,12 @@ void apply_landlock(int abi);
 // made). no_new_privs must be set. Throws on failure.
 void confine_to_directory(int abi, int directory_fd, bool symlinks = false);
 
+// Confines the calling process (and everything it starts) to the descriptors it holds: no file or
+// directory may be opened, created, renamed or removed anywhere; from ABI 4 on no TCP bind or
+// connect, from ABI 6 on no signals or abstract-socket connections outside the domain.
+// Descriptors already open stay usable with the rights they were opened with. For sqbox's
+// parsers of untrusted data whose inputs and output are opened for them (import's layer reader).
+// no_new_privs must be set. Throws on failure.
+void forbid_files_and_tcp(int abi);
+
 }  // namespace sqbox

@@ -132,6 +132,16 @@ std::optional<int> ChildProcess::try_reap() {
     return std::nullopt;
 }
 
+int ChildProcess::wait() {
+    if (pid_ <= 0) throw Error("waiting for a child that is not there");
+    int status = 0;
+    while (::waitpid(pid_, &status, 0) < 0) {
+        if (errno != EINTR) throw system_error("waitpid");
+    }
+    pid_ = -1;
+    return status;
+}
+
 void ChildProcess::kill_and_reap() {
     if (pid_ <= 0) return;
     (void)::kill(pid_, SIGKILL);  // ESRCH only if it already exited; reaped below either way

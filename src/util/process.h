@@ -45,6 +45,8 @@ class ChildProcess {
 
     // Non-blocking: returns the wait status if the child has exited (and forgets it).
     std::optional<int> try_reap();
+    // Blocks until the child exits; returns its wait status (and forgets it).
+    int wait();
     // SIGKILL, then wait. No-op if already reaped.
     void kill_and_reap();
     // Sends `signal` if the child is still ours.
