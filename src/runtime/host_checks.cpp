@@ -378,7 +378,8 @@ HostCheck diagnose_fresh_proc(const ProbeResult& probe) {
     check.status = CheckStatus::kMissing;
     check.found = probe.message;
     check.action =
-        "refuses to run, unless the --proc option (see docs/pods.md) chooses another /proc";
+        "refuses to run, unless given --proc outer, which shows the sandbox this container's own "
+        "/proc (less isolation: docs/pods.md)";
     if (probe.error == EPERM) {
         check.found +=
             " (the kernel mounts a fresh procfs only where one is already fully visible, "

@@ -128,7 +128,7 @@ def test_masked_proc_is_missing_with_the_pod_fix(sqbox_bin, busybox_image):
     assert proc["status"] == "missing"
     assert "cannot mount /proc (proc): Operation not permitted" in proc["found"]
     assert "procMount: Unmasked" in proc["fix"] and "hostUsers: false" in proc["fix"]
-    assert "the --proc option" in proc["action"]
+    assert "--proc outer" in proc["action"]
     assert checks["user_namespaces"]["status"] == "ok"
     assert status == RUN_FAILS
     # Doctor's verdict is run's.
