@@ -1,4 +1,5 @@
 #include "runtime/image_access.h"
+#include "runtime/user_namespace.h"
 
 #include <fcntl.h>
 

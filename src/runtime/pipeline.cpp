@@ -35,6 +35,7 @@
 #include "runtime/stdio_relay.h"
 #include "runtime/supervisor.h"
 #include "runtime/terminal.h"
+#include "runtime/user_namespace.h"
 #include "security/capabilities.h"
 #include "security/landlock.h"
 #include "security/seccomp_filter.h"
@@ -70,8 +71,7 @@ RunResult run_sandbox(const SandboxConfig& config) {
         // 6. The supervisor, in a new user and mount namespace.
         ScopedSignalBlock block;
         const pid_t launcher = ::getpid();
-        const pid_t pid =
-            clone_process(CLONE_NEWUSER | CLONE_NEWNS, "the sandbox's user namespace");
+        const pid_t pid = clone_into_user_namespace(CLONE_NEWNS, "the sandbox's user namespace");
         if (pid == 0) {
             report.read_end.reset();
             channel.reset();

@@ -21,4 +21,13 @@ struct IdMapping {
 // scratch root).
 void write_own_id_maps(const IdMapping& mapping, const std::string& proc = "/proc");
 
+// clone_process (util/process.h) with CLONE_NEWUSER among `namespace_flags`. A refusal's Error
+// names why and the fix, as `sqbox doctor` finds them (runtime/host_checks.h): a sysctl,
+// AppArmor's restriction, a container's seccomp profile.
+pid_t clone_into_user_namespace(unsigned long namespace_flags, const char* purpose);
+
+// Whether this process may create a user namespace: a child is cloned into one and exits at
+// once. Throws clone_into_user_namespace's Error if not.
+void require_user_namespaces();
+
 }  // namespace sqbox

@@ -21,6 +21,7 @@
 #include "runtime/launcher.h"
 #include "runtime/sandbox_plan.h"
 #include "runtime/signals.h"
+#include "runtime/user_namespace.h"
 #include "session/client_connection.h"
 #include "session/jobs.h"
 #include "session/protocol_lines.h"
@@ -102,7 +103,7 @@ class Server final : private SessionPort, private JobEvents {
         control_ = std::move(control);
         context.control_fd = supervisor_end.get();
         context.server_pid = ::getpid();
-        pid_t pid = clone_process(CLONE_NEWUSER | CLONE_NEWNS, "the sandbox's user namespace");
+        pid_t pid = clone_into_user_namespace(CLONE_NEWNS, "the sandbox's user namespace");
         if (pid == 0) {
             control_.reset();
             run_warm_supervisor(context);

@@ -253,7 +253,7 @@ class WarmSupervisor {
 
         RunningSandbox sandbox;
         sandbox.started = Clock::now();
-        pid_t pid = clone_process(kSandboxNamespaces | CLONE_NEWUSER, "sandbox namespaces");
+        pid_t pid = clone_into_user_namespace(kSandboxNamespaces, "sandbox namespaces");
         if (pid == 0) {
             channel.reset();
             InitContext init = take_init_context(plan, report, lifeline, std::move(init_channel));

@@ -17,77 +17,15 @@
 
 namespace sqbox {
 
-namespace {
-
-// The first line of a small /proc file, "" if it cannot be read.
-std::string first_line_of(const char* path) {
-    std::ifstream file(path);
-    std::string line;
-    std::getline(file, line);
-    return line;
-}
-
-// Whether this process runs under a seccomp filter (a container runtime's profile).
-bool under_seccomp_filter() {
-    std::ifstream status("/proc/self/status");
-    for (std::string line; std::getline(status, line);) {
-        if (line.starts_with("Seccomp:")) return line.find('2') != std::string::npos;
-    }
-    return false;
-}
-
-}  // namespace
-
-std::string user_namespace_refusal(int err) {
-    if (err != EPERM && err != ENOSPC) return "";
-    // 0 makes the kernel say ENOSPC, as for a count that reached its limit.
-    if (first_line_of("/proc/sys/user/max_user_namespaces") == "0") {
-        return "user namespaces are disabled: user.max_user_namespaces is 0; set it with sysctl "
-               "-w user.max_user_namespaces=15000 (sqbox doctor explains)";
-    }
-    if (err == ENOSPC) {
-        return "the limit of user namespaces is reached (user.max_user_namespaces, or 32 nested "
-               "ones); raise it with sysctl -w user.max_user_namespaces=15000 (sqbox doctor "
-               "explains)";
-    }
-    if (first_line_of("/proc/sys/kernel/unprivileged_userns_clone") == "0") {
-        return "unprivileged user namespaces are disabled: kernel.unprivileged_userns_clone is 0; "
-               "set it with sysctl -w kernel.unprivileged_userns_clone=1 (sqbox doctor explains)";
-    }
-    if (first_line_of("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == "1") {
-        return "AppArmor restricts unprivileged user namespaces "
-               "(kernel.apparmor_restrict_unprivileged_userns is 1); install sqbox's AppArmor "
-               "profile (sqbox doctor explains)";
-    }
-    if (under_seccomp_filter()) {
-        return "a seccomp filter of this container refuses new user namespaces (the default "
-               "profile of Docker and containerd does without CAP_SYS_ADMIN); run the pod with "
-               "seccompProfile: Unconfined or a profile that allows clone and unshare of user "
-               "namespaces (sqbox doctor explains)";
-    }
-    return "this host refuses unprivileged user namespaces (sqbox doctor explains)";
-}
-
 pid_t clone_process(unsigned long namespace_flags, const char* purpose) {
     // Raw syscall: glibc's clone() wants a separate stack, and fork() cannot create a pid
     // namespace whose pid 1 is the child itself. Argument order is x86_64/aarch64's.
     long pid = ::syscall(SYS_clone, namespace_flags | SIGCHLD, nullptr, nullptr, nullptr, nullptr);
     if (pid < 0) {
         const int err = errno;
-        std::string reason;
-        if ((namespace_flags & CLONE_NEWUSER) != 0) reason = user_namespace_refusal(err);
-        throw Error(std::string("cannot create ") + purpose + ": " +
-                        (reason.empty() ? std::string(std::strerror(err)) : reason),
-                    err);
+        throw Error(std::string("cannot create ") + purpose + ": " + std::strerror(err), err);
     }
     return static_cast<pid_t>(pid);
-}
-
-void require_user_namespaces() {
-    const pid_t pid = clone_process(CLONE_NEWUSER, "the sandbox's user namespace");
-    if (pid == 0) ::_exit(0);
-    ChildProcess child(pid);
-    child.kill_and_reap();
 }
 
 void close_fds_except(std::vector<int> keep) {

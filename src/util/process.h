@@ -12,17 +12,8 @@ namespace sqbox {
 // clone(2) without a new stack (fork-like, no CLONE_VM) so that namespace flags such as
 // CLONE_NEWPID apply to the child itself. Only safe in a single-threaded process. Returns the
 // child's pid in the parent and 0 in the child; throws Error on failure.
-// A refused new user namespace names why, and the fix (user_namespace_refusal).
+// Refusals give strerror only: runtime/user_namespace.h's clone_into_user_namespace says why.
 pid_t clone_process(unsigned long namespace_flags, const char* purpose);
-
-// Whether this process may create a user namespace: a child is cloned into one and exits at
-// once. Throws clone_process's Error (naming why and the fix) if not.
-void require_user_namespaces();
-
-// Why the kernel refused a new user namespace with `err` (EPERM or ENOSPC), and what to change:
-// the sysctl that disables them, AppArmor's restriction, or a seccomp filter of the container
-// sqbox runs in (checked in that order); "" for another errno.
-std::string user_namespace_refusal(int err);
 
 // Makes the calling process receive SIGKILL when its parent dies, and exits at once if the parent
 // is already gone (the race between fork and prctl).
