@@ -45,6 +45,10 @@ USER_IMAGE_KINDS = [
 # Where enroot 4.1.2 is installed when it is built from source (bench/README.md, Image import):
 # not on PATH, so its helpers are put on PATH for its rows.
 ENROOT_DEFAULT = "/opt/enroot-4.1.2/bin/enroot"
+# Where an image carries its own warm-up list (docs/warm-up.md); images/build puts one there.
+WARM_UP_IN_IMAGE = "etc/sqbox/warm-up"
+# Changes whenever user_images() makes different images, so cached ones are made again.
+USER_IMAGES_RECIPE = "2: no warm-up list"
 
 
 def die(msg):
@@ -83,13 +87,15 @@ def user_images(image, build_dir):
     """The USER_IMAGE_KINDS made from IMAGE's root filesystem, each twice (the second copy is
     the one the first-run rows evict: a copy, not a link, so it has page cache of its own).
 
-    Cached in BUILD_DIR/bench-images/KEY/, KEY from the source image's path, size and mtime, so
-    reruns skip mksquashfs. Made as root from a root-owned extraction, so every file is owned by
-    root as in an image pulled from a registry; world-readable for --as-user.
+    Cached in BUILD_DIR/bench-images/KEY/, KEY from the source image's path, size and mtime (and
+    USER_IMAGES_RECIPE), so reruns skip mksquashfs. Made as root from a root-owned extraction, so
+    every file is owned by root as in an image pulled from a registry; world-readable for
+    --as-user. The project's images carry their warm-up list in the image (WARM_UP_IN_IMAGE):
+    it is left out, as users' images have none.
     """
     st = os.stat(image)
-    key = hashlib.sha256(f"{os.path.realpath(image)}\0{st.st_size}\0{st.st_mtime_ns}"
-                         .encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{USER_IMAGES_RECIPE}\0{os.path.realpath(image)}\0{st.st_size}\0"
+                         f"{st.st_mtime_ns}".encode()).hexdigest()[:16]
     out = os.path.join(build_dir, "bench-images", key)
     paths = {kind: (os.path.join(out, f"{kind}.sqsh"), os.path.join(out, f"{kind}.first.sqsh"))
              for kind, _, _ in USER_IMAGE_KINDS}
@@ -104,6 +110,9 @@ def user_images(image, build_dir):
         rootfs = os.path.join(staging, "rootfs")
         subprocess.run(["unsquashfs", "-q", "-n", "-d", rootfs, image],
                        stdout=subprocess.DEVNULL, check=True)
+        in_image = os.path.join(rootfs, WARM_UP_IN_IMAGE)
+        if os.path.lexists(in_image):
+            os.unlink(in_image)
         for kind, options, _ in USER_IMAGE_KINDS:
             made, copy = paths[kind]
             print(f"cold_start: making {made}", file=sys.stderr, flush=True)
