@@ -34,6 +34,7 @@ from cold_start import REPO, PAYLOAD, evict, extract
 
 SEND = re.compile(r"connection (\d+) req (\d+) opcode \d+ \((\w+)\)")
 END = re.compile(r"connection (\d+) req (\d+) len (\d+) error (-?\d+)")
+FORK = re.compile(r"pid=(\d+) child_comm=.* child_pid=(\d+)")
 LINE = re.compile(r"^\s*(.+?)\s+(\d+)\s+([\d.]+):\s+(\S+):\s*(.*)$")
 # Symbols of the decompressors linked into sqbox (zlib, zstd, lzo, lz4, xz).
 DECOMPRESSION = re.compile(r"inflate|adler32|crc32|ZSTD_|HUF_|FSE_|lzo|LZ4|lzma|xz_")
@@ -55,30 +56,40 @@ def traced_run(argv, env, workdir):
     data = os.path.join(workdir, "trace.data")
     subprocess.run(["perf", "record", "-q", "-a", "-o", data,
                     "-e", "fuse:fuse_request_send", "-e", "fuse:fuse_request_end",
-                    "-e", "sched:sched_process_exec", "-e", "sched:sched_process_exit", "--"]
+                    "-e", "sched:sched_process_exec", "-e", "sched:sched_process_exit",
+                    "-e", "sched:sched_process_fork", "--"]
                    + argv, env=dict(os.environ, **env), stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL, check=True)
-    sent, requests, execs, exits = {}, [], [], []
+    # Only this run's processes and its own FUSE connection count: the trace is system-wide.
+    sent, requests, execs, exits, ours, connections = {}, [], [], [], set(), set()
     for line in perf_script(data, "comm,pid,time,event,trace").splitlines():
         m = LINE.match(line)
         if not m:
             continue
-        comm, _, at, event, rest = m.groups()
+        comm, pid, at, event, rest = m.groups()
         at = float(at) * 1000.0
-        if event == "sched:sched_process_exec":
+        if event == "sched:sched_process_exec" and (pid in ours or (not ours and "sqbox" in rest)):
+            ours.add(pid)
             execs.append((at, rest))
-        elif event == "sched:sched_process_exit":
+        elif event == "sched:sched_process_fork":
+            f = FORK.search(rest)
+            if f and f.group(1) in ours:
+                ours.add(f.group(2))
+        elif event == "sched:sched_process_exit" and pid in ours:
             exits.append(at)
         elif event == "fuse:fuse_request_send":
             s = SEND.search(rest)
-            sent[s.group(1, 2)] = (at, comm, s.group(3))
+            if s.group(3) == "FUSE_INIT" and pid in ours:
+                connections.add(s.group(1))
+            if s.group(1) in connections:
+                sent[s.group(1, 2)] = (at, comm, s.group(3))
         elif event == "fuse:fuse_request_end":
             e = END.search(rest)
             if e.group(1, 2) in sent:
                 t0, who, kind = sent.pop(e.group(1, 2))
                 requests.append({"at": t0, "waited": at - t0, "comm": who, "kind": kind,
                                  "reply": int(e.group(3))})
-    start = next(at for at, rest in execs if "sqbox" in rest)
+    start = execs[0][0]
     payload = next((at for at, rest in execs if PAYLOAD[0] in rest), None)
     init = next((r["at"] for r in requests if r["kind"] == "FUSE_INIT"), None)
     mine = [r for r in requests if r["comm"] == PAYLOAD[0]]
