@@ -12,8 +12,9 @@ payload was exec'd, requests by kind, requests the payload itself waited for and
 bytes of READ replies, and the CPU time of sqbox's processes, of decompression and of the
 payload.
 
-Needs root (perf, the tracepoints) and perf. Uses the images cold_start.py made
-(build/bench-images/KEY/*.sqsh): run cold_start.py once first.
+Needs root (perf, the tracepoints) and perf. By default uses the images cold_start.py made
+(build/bench-images/KEY/*.sqsh: run cold_start.py once first), whose *.first.sqsh copies are
+evicted from the page cache before each traced run, as cold_start.py's first-run rows are.
 
 Usage: bench/fuse_requests.py [--rounds N] [--first-run] [--json FILE] [IMAGE_OR_DIR ...]
 """
@@ -39,6 +40,8 @@ LINE = re.compile(r"^\s*(.+?)\s+(\d+)\s+([\d.]+):\s+(\S+):\s*(.*)$")
 # Symbols of the decompressors linked into sqbox (zlib, zstd, lzo, lz4, xz).
 DECOMPRESSION = re.compile(r"inflate|adler32|crc32|ZSTD_|HUF_|FSE_|lzo|LZ4|lzma|xz_")
 SAMPLE_HZ = 9999
+# cold_start.py's copies of its images for first runs: evicted before each traced run here too.
+FIRST_RUN_SUFFIX = ".first.sqsh"
 
 
 def die(message):
@@ -136,7 +139,8 @@ def main():
     ap.add_argument("--sqbox", default=os.path.join(REPO, "build", "sqbox"))
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--first-run", action="store_true",
-                    help="evict each image from the page cache before each traced run")
+                    help="evict every image from the page cache before each traced run (those "
+                         f"named *{FIRST_RUN_SUFFIX} always are)")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
     if os.geteuid() != 0 or not shutil.which("perf"):
@@ -148,7 +152,6 @@ def main():
         if not targets:
             made = sorted(glob.glob(os.path.join(os.path.dirname(sqbox), "bench-images", "*",
                                                  "*.sqsh")))
-            made = [m for m in made if not m.endswith(".first.sqsh")]
             if not made:
                 die("no images under build/bench-images: run bench/cold_start.py first")
             targets = [extract(made[0], workdir, None)] + made
@@ -157,7 +160,7 @@ def main():
         traces = {t: [] for t in targets}
         for _ in range(args.rounds):
             for t in targets:
-                if args.first_run and os.path.isfile(t):
+                if os.path.isfile(t) and (args.first_run or t.endswith(FIRST_RUN_SUFFIX)):
                     evict(t)
                 traces[t].append(traced_run([sqbox, "run", "--no-warm-up", t, "--"] + PAYLOAD,
                                             env, workdir))
