@@ -150,18 +150,21 @@ def first_run_preparation(image, cache):
 
 def find_enroot(requested):
     """(enroot path, its version) or (None, None). The default is the source build under /opt,
-    else an `enroot` on PATH that is NVIDIA's (not sqbox's front end: its version says sqbox)."""
+    else an `enroot` on PATH that is NVIDIA's: a shell script (sqbox's enroot front end, a link
+    to the sqbox binary, answers `version` with an enroot release number too)."""
     candidates = [requested] if requested else [ENROOT_DEFAULT, shutil.which("enroot")]
     for path in filter(None, candidates):
         if not os.access(path, os.X_OK):
             continue
+        with open(path, "rb") as f:
+            if f.read(2) != b"#!":
+                continue
         env = dict(os.environ, PATH=f"{os.path.dirname(path)}:{os.environ.get('PATH', '')}")
         res = subprocess.run([path, "version"], capture_output=True, text=True, env=env)
-        version = res.stdout.strip()
-        if res.returncode == 0 and version and "sqbox" not in version:
-            return path, version
+        if res.returncode == 0 and res.stdout.strip():
+            return path, res.stdout.strip()
     if requested:
-        die(f"`{requested} version` did not name an enroot release")
+        die(f"{requested} is not NVIDIA's enroot (a script whose `version` works)")
     return None, None
 
 
