@@ -3,14 +3,20 @@
 
 Compares, interleaved in one run, a plain chroot into the extracted image
 (native), bubblewrap with all namespaces on the extracted directory, sqbox on the
-.sqsh image and sqbox on the extracted directory; then reports the peak RSS of
-sqbox's own processes (launcher, supervisor, FUSE server, init).
+extracted directory, sqbox on the project's .sqsh image (with its warm-up list and
+without), sqbox on .sqsh images the bench makes from the same root filesystem the way
+users make them (mksquashfs's defaults, enroot's options, zstd: no warm-up list; first
+run with the image out of the page cache, and later runs), and enroot's `start` of a
+created container when enroot is installed; then reports the peak RSS of sqbox's own
+processes (launcher, supervisor, FUSE server, init).
 
 Usage: bench/cold_start.py [--image PATH] [--rounds N] [--as-user USER] [--json FILE]
+                           [--no-user-images] [--enroot PATH | --no-enroot]
 See bench/README.md for how to read the output.
 """
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -27,6 +33,22 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAYLOAD = ["python3", "-c", "pass"]
 WARMUP_ROUNDS = 3
 RSS_TARGET_KB = 10 * 1024  # supervisor + FUSE server budget: 10 MiB
+# enroot 4.1's default ENROOT_SQUASH_OPTIONS (its enroot.conf) and the -all-root its import adds
+# (src/docker.sh): how enroot users' images are made.
+ENROOT_SQUASH_OPTIONS = ["-all-root", "-comp", "lzo", "-noD", "-exit-on-error"]
+# The images users make without a warm-up list: (kind, mksquashfs options, description).
+USER_IMAGE_KINDS = [
+    ("gzip", [], "mksquashfs defaults (gzip)"),
+    ("lzo-noD", ENROOT_SQUASH_OPTIONS, "enroot's options (lzo -noD)"),
+    ("zstd", ["-comp", "zstd"], "-comp zstd"),
+]
+# Where enroot 4.1.2 is installed when it is built from source (bench/README.md, Image import):
+# not on PATH, so its helpers are put on PATH for its rows.
+ENROOT_DEFAULT = "/opt/enroot-4.1.2/bin/enroot"
+# Where an image carries its own warm-up list (docs/warm-up.md); images/build puts one there.
+WARM_UP_IN_IMAGE = "etc/sqbox/warm-up"
+# Changes whenever user_images() makes different images, so cached ones are made again.
+USER_IMAGES_RECIPE = "2: no warm-up list"
 
 
 def die(msg):
@@ -61,7 +83,117 @@ def extract(image, workdir, user):
     return rootfs
 
 
-def commands(sqbox, image, rootfs, user, caches, compare=None, switch=None):
+def user_images(image, build_dir):
+    """The USER_IMAGE_KINDS made from IMAGE's root filesystem, each twice (the second copy is
+    the one the first-run rows evict: a copy, not a link, so it has page cache of its own).
+
+    Cached in BUILD_DIR/bench-images/KEY/, KEY from the source image's path, size and mtime (and
+    USER_IMAGES_RECIPE), so reruns skip mksquashfs. Made as root from a root-owned extraction, so
+    every file is owned by root as in an image pulled from a registry; world-readable for
+    --as-user. The project's images carry their warm-up list in the image (WARM_UP_IN_IMAGE):
+    it is left out, as users' images have none.
+    """
+    st = os.stat(image)
+    key = hashlib.sha256(f"{USER_IMAGES_RECIPE}\0{os.path.realpath(image)}\0{st.st_size}\0"
+                         f"{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    out = os.path.join(build_dir, "bench-images", key)
+    paths = {kind: (os.path.join(out, f"{kind}.sqsh"), os.path.join(out, f"{kind}.first.sqsh"))
+             for kind, _, _ in USER_IMAGE_KINDS}
+    if all(os.path.exists(p) for pair in paths.values() for p in pair):
+        return paths
+    if os.geteuid() != 0:
+        die("making the user images needs root once (they are cached under the build "
+            "directory); or pass --no-user-images")
+    os.makedirs(out, mode=0o755, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix="rootfs-", dir=out)
+    try:
+        rootfs = os.path.join(staging, "rootfs")
+        subprocess.run(["unsquashfs", "-q", "-n", "-d", rootfs, image],
+                       stdout=subprocess.DEVNULL, check=True)
+        in_image = os.path.join(rootfs, WARM_UP_IN_IMAGE)
+        if os.path.lexists(in_image):
+            os.unlink(in_image)
+        for kind, options, _ in USER_IMAGE_KINDS:
+            made, copy = paths[kind]
+            print(f"cold_start: making {made}", file=sys.stderr, flush=True)
+            tmp = made + ".tmp"
+            subprocess.run(["mksquashfs", rootfs, tmp, "-noappend", "-quiet", "-no-progress"]
+                           + options, stdout=subprocess.DEVNULL, check=True)
+            shutil.copyfile(tmp, copy + ".tmp")
+            for p in (tmp, copy + ".tmp"):
+                os.chmod(p, 0o644)
+            os.replace(copy + ".tmp", copy)
+            os.replace(tmp, made)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return paths
+
+
+def evict(path):
+    """Drop PATH's pages from the page cache: a first run reads the image from disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def first_run_preparation(image, cache):
+    """Before each sample of a first-run row: the image out of the page cache, and the row's
+    sqbox cache directory gone (it is the user's per-user cache for that image)."""
+    def prepare():
+        shutil.rmtree(cache, ignore_errors=True)
+        evict(image)
+    return prepare
+
+
+def find_enroot(requested):
+    """(enroot path, its version) or (None, None). The default is the source build under /opt,
+    else an `enroot` on PATH that is NVIDIA's: a shell script (sqbox's enroot front end, a link
+    to the sqbox binary, answers `version` with an enroot release number too)."""
+    candidates = [requested] if requested else [ENROOT_DEFAULT, shutil.which("enroot")]
+    for path in filter(None, candidates):
+        if not os.access(path, os.X_OK):
+            continue
+        with open(path, "rb") as f:
+            if f.read(2) != b"#!":
+                continue
+        env = dict(os.environ, PATH=f"{os.path.dirname(path)}:{os.environ.get('PATH', '')}")
+        res = subprocess.run([path, "version"], capture_output=True, text=True, env=env)
+        if res.returncode == 0 and res.stdout.strip():
+            return path, res.stdout.strip()
+    if requested:
+        die(f"{requested} is not NVIDIA's enroot (a script whose `version` works)")
+    return None, None
+
+
+def enroot_container(enroot, image, workdir, user):
+    """`enroot create` of IMAGE (as USER with --as-user) in a private set of enroot
+    directories; returns (name, environment for `enroot start`)."""
+    base = os.path.join(workdir, "enroot")
+    env = {"PATH": f"{os.path.dirname(enroot)}:/usr/sbin:/usr/bin:/sbin:/bin"}
+    for var, sub in (("ENROOT_DATA_PATH", "data"), ("ENROOT_RUNTIME_PATH", "runtime"),
+                     ("ENROOT_CACHE_PATH", "cache"), ("ENROOT_CONFIG_PATH", "config"),
+                     ("ENROOT_TEMP_PATH", "tmp")):
+        env[var] = os.path.join(base, sub)
+    os.makedirs(env["ENROOT_TEMP_PATH"])
+    if user:
+        pw = pwd.getpwnam(user)
+        for root, dirs, _ in os.walk(base):
+            for d in [root] + [os.path.join(root, d) for d in dirs]:
+                os.chown(d, pw.pw_uid, pw.pw_gid)
+    name = "bench"
+    res = subprocess.run(as_user(user, [enroot, "create", "--name", name, image]),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, **env))
+    if res.returncode != 0:
+        die(f"enroot create failed ({res.returncode}): {res.stderr.strip()}")
+    return name, env
+
+
+def commands(sqbox, image, rootfs, user, caches, compare=None, switch=None,
+             made=None, enroot=None):
     """(name, argv, environment) for each row; every row goes through runuser when --as-user.
 
     Each sqbox row has its own SQBOX_CACHE_DIR, empty when measuring starts: the .sqsh row
@@ -86,6 +218,17 @@ def commands(sqbox, image, rootfs, user, caches, compare=None, switch=None):
         ("sqbox run --no-warm-up IMAGE.sqsh", [sqbox, "run", "--no-warm-up", image, "--"] + PAYLOAD,
          {"SQBOX_CACHE_DIR": caches["no-warm-up"]}),
     ]
+    for kind, _, description in USER_IMAGE_KINDS if made else []:
+        warm, first = made[kind]
+        rows.append((f"{FIRST_ROW_PREFIX}{description}, no list",
+                     [sqbox, "run", first, "--"] + PAYLOAD,
+                     {"SQBOX_CACHE_DIR": caches[f"first-{kind}"]}))
+        rows.append((f"{LATER_ROW_PREFIX}{description}, no list",
+                     [sqbox, "run", warm, "--"] + PAYLOAD,
+                     {"SQBOX_CACHE_DIR": caches[f"later-{kind}"]}))
+    if enroot:
+        path, name, env = enroot
+        rows.append((ENROOT_ROW, [path, "start", name] + PAYLOAD, env))
     if compare:
         # Another build of sqbox (e.g. an older commit), to measure what a change costs.
         rows.append(("compare: sqbox run IMAGE.sqsh", [compare, "run", image, "--"] + PAYLOAD,
@@ -101,6 +244,9 @@ def commands(sqbox, image, rootfs, user, caches, compare=None, switch=None):
 
 
 HARDENED_ROW = "switch build: sqbox run IMAGE.sqsh"
+FIRST_ROW_PREFIX = "first run: sqbox run "
+LATER_ROW_PREFIX = "later runs: sqbox run "
+ENROOT_ROW = "enroot start (created container)"
 UNHARDENED_ROW = "switch build, without hardening"
 
 
@@ -118,14 +264,17 @@ def time_once(argv, env=None):
     return dt * 1000.0
 
 
-def measure(rows, rounds):
-    """Round-robin: one sample of each row per round, so machine noise hits all rows alike."""
+def measure(rows, rounds, preparations=None):
+    """Round-robin: one sample of each row per round, so machine noise hits all rows alike.
+    PREPARATIONS maps a row to what runs, untimed, before each of its samples."""
     samples = {name: [] for name, _, _ in rows}
     n = len(rows)
     for r in range(WARMUP_ROUNDS + rounds):
         # Rotate the starting row each round so no row always runs right after another.
         for i in range(n):
             name, argv, env = rows[(r + i) % n]
+            if preparations and name in preparations:
+                preparations[name]()
             ms = time_once(argv, env)
             if r >= WARMUP_ROUNDS:
                 samples[name].append(ms)
@@ -262,6 +411,13 @@ def main():
                     help="with --hardening-switch: N more rounds of only its two rows, whose "
                          "pairs join the hardening figure (single pairs differ by about 9 ms "
                          "here, so 2000 pairs still leave an interval of about +-0.5 ms)")
+    ap.add_argument("--no-user-images", action="store_true",
+                    help="leave out the rows of images made with mksquashfs here (gzip, "
+                         "enroot's lzo -noD, zstd; cached under the build directory)")
+    ap.add_argument("--enroot", metavar="PATH",
+                    help=f"NVIDIA enroot for the `enroot start` row (default: {ENROOT_DEFAULT} "
+                         "when it exists, else an `enroot` on PATH that is not sqbox's)")
+    ap.add_argument("--no-enroot", action="store_true", help="leave out the enroot row")
     args = ap.parse_args()
 
     if args.rounds < 2:
@@ -276,6 +432,10 @@ def main():
     if not os.access(sqbox, os.X_OK):
         die(f"no sqbox binary at {sqbox}; build it with `cmake --build build`")
     image = os.path.abspath(args.image) if args.image else default_image()
+    if args.enroot and args.no_enroot:
+        die("--enroot and --no-enroot exclude each other")
+    enroot, enroot_version = (None, None) if args.no_enroot else find_enroot(args.enroot)
+    made = None if args.no_user_images else user_images(image, os.path.dirname(sqbox))
 
     workdir = tempfile.mkdtemp(prefix="sqbox-bench-")
     try:
@@ -283,9 +443,21 @@ def main():
         compare = os.path.abspath(args.compare) if args.compare else None
         switch = os.path.abspath(args.hardening_switch) if args.hardening_switch else None
         caches = {kind: os.path.join(workdir, f"cache-{kind}")
-                  for kind in ("sqsh", "dir", "no-warm-up", "compare", "switch", "rss")}
-        rows = commands(sqbox, image, rootfs, args.as_user, caches, compare, switch)
-        samples = measure(rows, args.rounds)
+                  for kind in ["sqsh", "dir", "no-warm-up", "compare", "switch", "rss"]
+                  + [f"{when}-{kind}" for when in ("first", "later")
+                     for kind, _, _ in USER_IMAGE_KINDS]}
+        enroot_row = None
+        if enroot:
+            # enroot's own kind of image, unpacked by its create as its users do.
+            source = made["lzo-noD"][0] if made else image
+            enroot_row = (enroot,) + enroot_container(enroot, source, workdir, args.as_user)
+        rows = commands(sqbox, image, rootfs, args.as_user, caches, compare, switch,
+                        made, enroot_row)
+        preparations = {}
+        for kind, _, description in USER_IMAGE_KINDS if made else []:
+            preparations[f"{FIRST_ROW_PREFIX}{description}, no list"] = \
+                first_run_preparation(made[kind][1], caches[f"first-{kind}"])
+        samples = measure(rows, args.rounds, preparations)
         extra_pairs = measure_pairs(rows, args.switch_rounds) if args.switch_rounds else None
         # A first run (its cache directory is empty): peak memory includes unpacking the files
         # of the image's warm-up list, if it has one.
@@ -302,6 +474,10 @@ def main():
 
     via = f", every row via runuser -u {args.as_user}" if args.as_user else ""
     print(f"image: {image}")
+    if made:
+        print(f"user images (made here from its root filesystem): "
+              f"{os.path.dirname(made['gzip'][0])}")
+    print(f"enroot: {f'{enroot} ({enroot_version})' if enroot else 'not found or not asked for'}")
     print(f"{args.rounds} rounds (+{WARMUP_ROUNDS} warm-up), interleaved{via}; "
           f"times are wall ms of `{' '.join(PAYLOAD)}`")
     print()
@@ -352,6 +528,8 @@ def main():
         with open(args.json, "w") as f:
             json.dump({
                 "image": image, "sqbox": sqbox, "rounds": args.rounds,
+                "user_images": made,
+                "enroot": {"path": enroot, "version": enroot_version} if enroot else None,
                 "warmup_rounds": WARMUP_ROUNDS, "as_user": args.as_user,
                 "rows": [{"name": name, "argv": argv, "environment": env,
                           "samples_ms": samples[name], **stats[name]}
