@@ -3,19 +3,10 @@
 #include <cctype>
 
 #include "util/errors.h"
+#include "util/text.h"
 
 namespace sqbox {
 namespace {
-
-std::string_view trim(std::string_view text) {
-    while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) {
-        text.remove_prefix(1);
-    }
-    while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) {
-        text.remove_suffix(1);
-    }
-    return text;
-}
 
 std::string substitute(std::string_view value, const VariableLookup& lookup,
                        const std::string& where) {
@@ -86,11 +77,11 @@ EnvironmentEntries parse_environment_file(std::string_view content, const std::s
         content.remove_prefix(newline == std::string_view::npos ? content.size() : newline + 1);
         ++line_number;
 
-        std::string_view line = trim(raw);
+        std::string_view line = trim_space(raw);
         if (line.empty() || line.front() == '#') continue;
         const std::string where = source_name + " line " + std::to_string(line_number);
         if (line.substr(0, 7) == "export " || line.substr(0, 7) == "export\t") {
-            line = trim(line.substr(7));
+            line = trim_space(line.substr(7));
         }
         size_t equals = line.find('=');
         if (equals == std::string_view::npos) throw Error(where + ": expected KEY=VALUE");

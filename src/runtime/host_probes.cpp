@@ -23,19 +23,10 @@
 #include "util/errors.h"
 #include "util/files.h"
 #include "util/process.h"
+#include "util/text.h"
 
 namespace sqbox {
 namespace {
-
-std::string_view trim(std::string_view text) {
-    while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) {
-        text.remove_prefix(1);
-    }
-    while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) {
-        text.remove_suffix(1);
-    }
-    return text;
-}
 
 // Runs `steps` in a child cloned with `namespaces` and returns how it went: the child sends "0"
 // or "ERRNO MESSAGE" through a pipe. The child dies with this process and is reaped here.
@@ -173,7 +164,7 @@ ProbeResult probe_seccomp_filters() {
 }
 
 std::optional<long> parse_sysctl_value(std::string_view text) {
-    text = trim(text);
+    text = trim_space(text);
     long value = 0;
     const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
     if (error != std::errc() || end != text.data() + text.size() || text.empty()) {
@@ -215,7 +206,7 @@ std::vector<AppArmorProfile> parse_apparmor_profiles(std::string_view text) {
     size_t start = 0;
     while (start < text.size()) {
         const size_t end = std::min(text.find('\n', start), text.size());
-        std::string_view line = trim(text.substr(start, end - start));
+        std::string_view line = trim_space(text.substr(start, end - start));
         start = end + 1;
         if (line.empty()) continue;
         AppArmorProfile profile;
@@ -240,7 +231,7 @@ std::vector<AppArmorProfile> loaded_apparmor_profiles() {
 std::string parse_apparmor_label(std::string_view label) {
     // The label may end in a NUL the kernel counts in the file's size.
     while (!label.empty() && label.back() == '\0') label.remove_suffix(1);
-    label = trim(label);
+    label = trim_space(label);
     const size_t mode = label.rfind(" (");
     if (mode != std::string_view::npos && label.back() == ')') label = label.substr(0, mode);
     return std::string(label);
@@ -252,7 +243,7 @@ std::string own_apparmor_label() {
     if (::access("/sys/kernel/security/apparmor", F_OK) != 0) return "";
     for (const char* path : {"/proc/self/attr/apparmor/current", "/proc/self/attr/current"}) {
         std::optional<std::string> text = read_small_file(path);
-        if (text && !trim(*text).empty()) return parse_apparmor_label(*text);
+        if (text && !trim_space(*text).empty()) return parse_apparmor_label(*text);
     }
     return "";
 }
@@ -260,11 +251,11 @@ std::string own_apparmor_label() {
 bool is_initial_uid_map(std::string_view uid_map) {
     // "0 0 4294967295", however the columns are padded.
     std::vector<std::string_view> fields;
-    uid_map = trim(uid_map);
+    uid_map = trim_space(uid_map);
     while (!uid_map.empty()) {
         const size_t end = std::min(uid_map.find_first_of(" \t\n"), uid_map.size());
         fields.push_back(uid_map.substr(0, end));
-        uid_map = trim(uid_map.substr(end));
+        uid_map = trim_space(uid_map.substr(end));
     }
     return fields.size() == 3 && fields[0] == "0" && fields[1] == "0" && fields[2] == "4294967295";
 }
