@@ -661,7 +661,7 @@ def test_example_sandboxed_python_coder(sqbox_bin, python_image):
     assert done.returncode == 0, done.stderr
     assert "stdout: '42\\n'" in done.stdout
     assert "ZeroDivisionError" in done.stdout
-    assert "after reset: NameError" in done.stdout
+    assert "after recreate: NameError" in done.stdout
 
 
 def test_example_smolagents_executor(sqbox_bin, python_image):
