@@ -12,7 +12,6 @@ import asyncio
 import dataclasses
 import inspect
 import os
-import pickle
 import re
 import subprocess
 import sys
@@ -22,7 +21,6 @@ import typing
 import pytest
 from conftest import ROOT
 
-import sqbox
 from sqbox.integrations import monarch as monarch_integration
 from sqbox.integrations import smolagents as smolagents_integration
 from sqbox.integrations.monarch import SandboxedPythonCoder
@@ -154,11 +152,6 @@ def test_with_monarch_installed_the_coder_is_an_actor_with_endpoints(
 
 # ---------------------------------------------------------------------------------------------
 # smolagents: an agent's loop
-
-
-class Unpicklable:
-    def __reduce__(self):
-        raise TypeError("not picklable")
 
 
 @pytest.fixture
@@ -319,7 +312,8 @@ class Evil:
 def _pickle_is_live(data, marker):
     """The payload does run when unpickled (in a separate host process): the test's marker
     would appear if the executor unpickled it."""
-    subprocess.run([sys.executable, "-c", "import pickle, sys; pickle.loads(sys.stdin.buffer.read())"],
+    subprocess.run([sys.executable, "-c",
+                    "import pickle, sys; pickle.loads(sys.stdin.buffer.read())"],
                    input=data, check=True)
     ran = marker.exists()
     marker.unlink()
