@@ -641,7 +641,8 @@ def test_pip_install_into_a_venv(tmp_path, sqbox_bin, python_image):
                     ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
                     "--no-index", "--no-build-isolation", str(source)], check=True)
-    check = ("import sqbox, sys; print(sqbox.__file__); "
+    check = ("import sqbox, sqbox.integrations.smolagents, sqbox.integrations.monarch, sys; "
+             "print(sqbox.__file__); "
              "print(sqbox.run(sys.argv[1], 'echo installed').stdout, end='')")
     out = subprocess.run([str(venv / "bin" / "python"), "-c", check, python_image],
                          cwd=tmp_path, env=dict(os.environ, SQBOX_BIN=sqbox_bin),
@@ -661,7 +662,7 @@ def test_example_sandboxed_python_coder(sqbox_bin, python_image):
     assert done.returncode == 0, done.stderr
     assert "stdout: '42\\n'" in done.stdout
     assert "ZeroDivisionError" in done.stdout
-    assert "after reset: NameError" in done.stdout
+    assert "after recreate: NameError" in done.stdout
 
 
 def test_example_smolagents_executor(sqbox_bin, python_image):
