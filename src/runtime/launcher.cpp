@@ -81,14 +81,6 @@ bool cgroup_decided_first(const SandboxConfig& config) {
 
 }  // namespace
 
-void check_fuse_device() {
-    if (::access("/dev/fuse", R_OK | W_OK) != 0) {
-        throw system_error(
-            "cannot use /dev/fuse (needed to mount .sqsh images; it must exist "
-            "and be read-writable by you, mode 0666 on standard systems)");
-    }
-}
-
 std::optional<SandboxCgroup> plan_cgroup_before_start(const SandboxConfig& config) {
     if (!cgroup_decided_first(config)) return std::nullopt;
     return SandboxCgroup::plan(config);

@@ -17,12 +17,6 @@
 
 namespace sqbox {
 
-// sqbox serve's image needs /dev/fuse (sqbox run falls back to an unpacked copy:
-// runtime/image_access.h). The supervisor opens the device itself (the kernel wants it opened in
-// the user namespace that mounts it); checking here gives the clear error before any namespace
-// exists.
-void check_fuse_device();
-
 // The sandbox's cgroup when it must be decided before the sandbox starts (an explicit --cgroup,
 // --cpus, --verbose); nullopt otherwise, and hand_over_cgroup decides it while the sandbox is
 // being set up.

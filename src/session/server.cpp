@@ -18,6 +18,7 @@
 #include <tuple>
 
 #include "image/image_source.h"
+#include "runtime/image_access.h"
 #include "runtime/launcher.h"
 #include "runtime/sandbox_plan.h"
 #include "runtime/signals.h"
@@ -93,7 +94,9 @@ class Server final : private SessionPort, private JobEvents {
 
     void start_supervisor() {
         image_ = open_image(options_.base.image);
-        if (image_.kind == ImageSource::Kind::kSquashfs) check_fuse_device();
+        // Without /dev/fuse (a pod), a .sqsh is served from a copy unpacked into the cache, held
+        // for the server's life (docs/pods.md).
+        image_access_ = choose_image_access(image_, options_.base);
         WarmSupervisorContext context;
         context.image = &image_;
         context.base = &options_.base;
@@ -481,6 +484,7 @@ class Server final : private SessionPort, private JobEvents {
     const ServeOptions& options_;
     std::string read_buffer_ = std::string(kReadChunk, '\0');
     ImageSource image_;
+    ImageAccess image_access_;
     UniqueFd parent_;
     UniqueFd control_;
     ChildProcess supervisor_;

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import POD_IMAGES, make_squashfs
+from conftest import POD_BIN, POD_IMAGES, make_squashfs
 
 BUSYBOX = f"{POD_IMAGES}/busybox.sqsh"
 DOCTOR = "(sqbox doctor explains)"
@@ -104,6 +104,25 @@ def test_without_fuse_an_image_runs_from_an_unpacked_copy(make_pod):
     # Without --verbose nothing is said.
     result, _ = pod.sqbox_run(BUSYBOX, "true")
     assert result.returncode == 0 and result.stderr == ""
+
+
+def test_serve_without_fuse_serves_the_unpacked_copy(make_pod):
+    """`sqbox serve` (one server per node in a pod) falls back as `run` does: its sandboxes run
+    from the copy unpacked into the cache, which the server holds while it lives."""
+    pod = make_pod(seccomp="unconfined", proc="unmasked")
+    requests = "".join(json.dumps(r) + "\n" for r in (
+        {"id": 1, "op": "run", "command": ["sh", "-c", "echo hello; id -u"]},
+        {"id": 2, "op": "run", "command": ["sh", "-c", "echo x > /tmp/f; cat /tmp/f"]}))
+    # Its stdin closed, the server answers what is under way and exits.
+    served = subprocess.run(pod._argv([POD_BIN, "serve", BUSYBOX]), input=requests,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert served.returncode == 0, served.stderr
+    answers = {a["id"]: a for a in map(json.loads, served.stdout.splitlines()) if "id" in a}
+    assert 1 in answers, (served.stdout, served.stderr)
+    assert answers[1]["exit_code"] == 0 and answers[1]["stdout"] == "hello\n1000\n", answers
+    assert answers[2]["exit_code"] == 0 and answers[2]["stdout"] == "x\n", answers
+    entries = cache_entries(pod)
+    assert len(entries) == 1 and ".tmp." not in entries[0]
 
 
 def test_with_fuse_and_unmasked_proc_the_sandbox_is_as_on_a_host(make_pod):
