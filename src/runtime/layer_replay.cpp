@@ -2,7 +2,11 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/limits.h>
+#include <linux/openat2.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <sys/xattr.h>
 #include <unistd.h>
@@ -10,8 +14,10 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "util/errors.h"
@@ -80,7 +86,11 @@ class Replay {
     ReplaySummary run(int upper_fd, int merged_fd) {
         UniqueFd upper(::openat(upper_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
         UniqueFd merged(::openat(merged_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-        if (!upper || !merged) throw system_error("cannot open the layers to save");
+        merged_root_ = UniqueFd(::openat(merged_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+        if (!upper || !merged || !merged_root_) {
+            throw system_error("cannot open the layers to save");
+        }
+        data_budget_ = bytes_used_by(upper.get());
         std::vector<Level> levels;
         levels.push_back(enter({}, "", upper.get(), merged.get()));
         for (;;) {
@@ -124,6 +134,52 @@ class Replay {
         ino_t merged_parent = 0;
         std::vector<Subdirectory> subdirectories;  // still to enter
     };
+
+    // What the sandbox's tmpfs holds: no replay of it can need to write more data (hard links
+    // aside, which are kept as links), so it bounds what saving writes to the host's disk.
+    static uint64_t bytes_used_by(int tmpfs_dir) {
+        struct statfs fs {};
+        if (::fstatfs(tmpfs_dir, &fs) != 0) throw system_error("cannot measure what was written");
+        return static_cast<uint64_t>(fs.f_blocks - fs.f_bfree) * static_cast<uint64_t>(fs.f_bsize);
+    }
+
+    // A file with more names: its first copy is remembered (as a path below the merged root, while
+    // the names stay within a bound: the payload chose how many and how long they are).
+    void remember_saved_copy(const struct stat& st, const std::string& path) {
+        const std::string relative = path.substr(1);
+        if (st.st_nlink < 2 || relative.size() >= PATH_MAX ||
+            saved_names_bytes_ + relative.size() > kSavedNamesBudget) {
+            return;
+        }
+        saved_names_bytes_ += relative.size();
+        saved_copies_.emplace(std::make_pair(st.st_dev, st.st_ino), relative);
+    }
+
+    // Another name of a file already saved becomes a hard link to its copy (a tmpfs holds any
+    // number of names of one file's data: copying each would multiply it on the host's disk).
+    bool link_to_saved_copy(int merged_dir, const std::string& name, const struct stat& st,
+                            const std::string& path) const {
+        if (st.st_nlink < 2) return false;
+        const auto saved = saved_copies_.find(std::make_pair(st.st_dev, st.st_ino));
+        if (saved == saved_copies_.end()) return false;
+        const size_t slash = saved->second.rfind('/');
+        const std::string parent =
+            slash == std::string::npos ? "." : saved->second.substr(0, slash);
+        const std::string base =
+            slash == std::string::npos ? saved->second : saved->second.substr(slash + 1);
+        open_how how{};
+        how.flags = O_PATH | O_DIRECTORY | O_CLOEXEC;
+        how.resolve =
+            RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV;
+        UniqueFd directory(static_cast<int>(
+            ::syscall(SYS_openat2, merged_root_.get(), parent.c_str(), &how, sizeof how)));
+        if (!directory) throw system_error("cannot link " + shown(path));
+        if (::linkat(directory.get(), base.c_str(), merged_dir, name.c_str(), 0) != 0) {
+            if (errno == EMLINK) return false;  // copied instead, within the data budget
+            throw system_error("cannot link " + shown(path));
+        }
+        return true;
+    }
 
     static ino_t inode_of(int dir, const std::string& path) {
         struct stat st {};
@@ -174,7 +230,10 @@ class Replay {
             }
             remove_tree_at(merged_dir, name, shown(entry_path));
             if (S_ISREG(st.st_mode)) {
-                copy_file(upper_dir, merged_dir, name, st, entry_path);
+                if (!link_to_saved_copy(merged_dir, name, st, entry_path)) {
+                    copy_file(upper_dir, merged_dir, name, st, entry_path);
+                    remember_saved_copy(st, entry_path);
+                }
             } else if (S_ISLNK(st.st_mode)) {
                 copy_symlink(upper_dir, merged_dir, name, st, entry_path);
             } else if (S_ISFIFO(st.st_mode)) {
@@ -226,6 +285,10 @@ class Replay {
                 const ssize_t got = ::pread(source.get(), buffer_.data(), want, at);
                 if (got < 0) throw system_error("cannot read " + shown(path));
                 if (got == 0) break;  // the file shrank: nothing more to read
+                if (summary_.data_bytes + static_cast<uint64_t>(got) > data_budget_) {
+                    throw Error("cannot save " + shown(path) +
+                                ": more data than the sandbox's tmpfs held");
+                }
                 for (ssize_t done = 0; done < got;) {
                     const ssize_t put = ::pwrite(target.get(), buffer_.data() + done,
                                                  static_cast<size_t>(got - done), at + done);
@@ -269,7 +332,13 @@ class Replay {
         set_times_at(merged_dir, name, st, shown(path));
     }
 
+    static constexpr size_t kSavedNamesBudget = size_t{16} << 20;
+
     ReplaySummary summary_;
+    UniqueFd merged_root_;
+    uint64_t data_budget_ = 0;
+    std::map<std::pair<dev_t, ino_t>, std::string> saved_copies_;
+    size_t saved_names_bytes_ = 0;
     std::vector<char> buffer_ = std::vector<char>(size_t{1} << 17);
 };
 
