@@ -92,18 +92,20 @@ class Replay {
         }
         data_budget_ = bytes_used_by(upper.get());
         std::vector<Level> levels;
-        levels.push_back(enter({}, "", upper.get(), merged.get()));
+        levels.push_back(enter({}, upper.get(), merged.get()));
         for (;;) {
             Level& level = levels.back();
             if (!level.subdirectories.empty()) {
                 Subdirectory next = std::move(level.subdirectories.back());
                 level.subdirectories.pop_back();
-                const std::string path = level.path + "/" + next.name;
-                UniqueFd upper_child = open_directory_below(upper.get(), next.name, shown(path));
-                UniqueFd merged_child = open_directory_below(merged.get(), next.name, shown(path));
-                const ino_t upper_parent = inode_of(upper.get(), level.path);
-                const ino_t merged_parent = inode_of(merged.get(), level.path);
-                Level child = enter(std::move(next), path, upper_child.get(), merged_child.get());
+                const ino_t upper_parent = inode_of(upper.get(), path_);
+                const ino_t merged_parent = inode_of(merged.get(), path_);
+                const size_t parent_path_size = path_.size();
+                path_.append("/").append(next.name);
+                UniqueFd upper_child = open_directory_below(upper.get(), next.name, shown(path_));
+                UniqueFd merged_child = open_directory_below(merged.get(), next.name, shown(path_));
+                Level child = enter(std::move(next), upper_child.get(), merged_child.get());
+                child.parent_path_size = parent_path_size;
                 child.upper_parent = upper_parent;
                 child.merged_parent = merged_parent;
                 levels.push_back(std::move(child));
@@ -112,9 +114,10 @@ class Replay {
                 continue;
             }
             if (levels.size() == 1) break;
-            UniqueFd upper_parent = parent_of(upper.get(), level.upper_parent, level.path);
-            UniqueFd merged_parent = parent_of(merged.get(), level.merged_parent, level.path);
-            finish_directory(merged_parent.get(), level);
+            UniqueFd upper_parent = parent_of(upper.get(), level.upper_parent, path_);
+            UniqueFd merged_parent = parent_of(merged.get(), level.merged_parent, path_);
+            finish_directory(merged_parent.get(), level, path_);
+            path_.resize(level.parent_path_size);
             levels.pop_back();
             upper = std::move(upper_parent);
             merged = std::move(merged_parent);
@@ -127,12 +130,29 @@ class Replay {
         std::string name;
         struct stat upper_stat {};
     };
+    // Its name only: the path from the root is path_ while it is entered (a path per level would
+    // hold memory by the square of the depth, which is the payload's choice).
     struct Level {
         Subdirectory self;
-        std::string path;
+        size_t parent_path_size = 0;
         ino_t upper_parent = 0;
         ino_t merged_parent = 0;
         std::vector<Subdirectory> subdirectories;  // still to enter
+    };
+
+    // path_ with "/NAME" appended while it lives.
+    class EntryPath {
+      public:
+        EntryPath(std::string& path, const std::string& name) : path_(path), size_(path.size()) {
+            path_.append("/").append(name);
+        }
+        EntryPath(const EntryPath&) = delete;
+        EntryPath& operator=(const EntryPath&) = delete;
+        ~EntryPath() { path_.resize(size_); }
+
+      private:
+        std::string& path_;
+        size_t size_;
     };
 
     // What the sandbox's tmpfs holds: no replay of it can need to write more data (hard links
@@ -146,11 +166,11 @@ class Replay {
     // A file with more names: its first copy is remembered (as a path below the merged root, while
     // the names stay within a bound: the payload chose how many and how long they are).
     void remember_saved_copy(const struct stat& st, const std::string& path) {
-        const std::string relative = path.substr(1);
-        if (st.st_nlink < 2 || relative.size() >= PATH_MAX ||
-            saved_names_bytes_ + relative.size() > kSavedNamesBudget) {
+        if (st.st_nlink < 2 || path.size() > PATH_MAX ||
+            saved_names_bytes_ + path.size() > kSavedNamesBudget) {
             return;
         }
+        const std::string relative = path.substr(1);
         saved_names_bytes_ += relative.size();
         saved_copies_.emplace(std::make_pair(st.st_dev, st.st_ino), relative);
     }
@@ -197,22 +217,22 @@ class Replay {
     }
 
     // Its mode and times last: filling it changed them, and its mode may not allow filling.
-    static void finish_directory(int merged_parent, const Level& level) {
+    static void finish_directory(int merged_parent, const Level& level, const std::string& path) {
         const mode_t mode = level.self.upper_stat.st_mode & 07777;
         if (::fchmodat(merged_parent, level.self.name.c_str(), mode, 0) != 0) {
-            throw system_error("cannot set the mode of " + shown(level.path));
+            throw system_error("cannot set the mode of " + shown(path));
         }
-        set_times_at(merged_parent, level.self.name, level.self.upper_stat, shown(level.path));
+        set_times_at(merged_parent, level.self.name, level.self.upper_stat, shown(path));
     }
 
     // Applies the directory's own entries; returns its level with the subdirectories to enter,
     // each already a directory of the merged tree.
-    Level enter(Subdirectory self, const std::string& path, int upper_dir, int merged_dir) {
+    Level enter(Subdirectory self, int upper_dir, int merged_dir) {
         Level level;
         level.self = std::move(self);
-        level.path = path;
-        for (const std::string& name : names_in(upper_dir, shown(path))) {
-            const std::string entry_path = path + "/" + name;
+        for (const std::string& name : names_in(upper_dir, shown(path_))) {
+            const EntryPath entry(path_, name);
+            const std::string& entry_path = path_;
             struct stat st {};
             if (::fstatat(upper_dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
                 throw system_error("cannot stat " + shown(entry_path));
@@ -335,6 +355,7 @@ class Replay {
     static constexpr size_t kSavedNamesBudget = size_t{16} << 20;
 
     ReplaySummary summary_;
+    std::string path_;  // of the directory or entry at hand, from the root ("" for the root)
     UniqueFd merged_root_;
     uint64_t data_budget_ = 0;
     std::map<std::pair<dev_t, ino_t>, std::string> saved_copies_;

@@ -297,6 +297,27 @@ def test_rw_saving_writes_no_more_data_than_the_budget_held(enroot, busybox_imag
     assert enroot("remove", "-f", "box").returncode == 0  # the fixture cannot walk that deep
 
 
+def test_rw_saving_a_deep_tree_takes_memory_by_its_depth_not_its_square(enroot, python_image):
+    """12,000 directories one in another (the payload's tmpfs holds them: each is one inode; a
+    1 GiB budget holds 65,536) are saved by a supervisor limited to 96 MiB of data: what it holds
+    per level is the name, not the path from the root (12,000 paths averaging 12 KB: 144 MB)."""
+    assert enroot("create", "-n", "box", python_image).returncode == 0
+    deep = ("import os\nos.mkdir('/deep'); os.chdir('/deep')\n"
+            "for _ in range(12000): os.mkdir('d'); os.chdir('d')\n"
+            "open('end', 'w').write('bottom')\n")
+    # The soft limit only: the image server sets its own.
+    limited = ["prlimit", f"--data={96 << 20}:unlimited", "enroot"]
+    made = subprocess.run([*limited, "start", "--rw", "box", "python3", "-c", deep],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=enroot.env, timeout=600)
+    assert made.returncode == 0, made.stderr
+    check = enroot("start", "box", "python3", "-c",
+                   "import os\nos.chdir('/deep')\nfor _ in range(12000): os.chdir('d')\n"
+                   "print(open('end').read())")
+    assert check.returncode == 0 and check.stdout == "bottom\n", check
+    assert enroot("remove", "-f", "box").returncode == 0  # the fixture cannot walk that deep
+
+
 def test_rw_saving_never_follows_a_link_out_of_the_container(enroot, busybox_image, tmp_path):
     """A start leaves symlinks to a host directory where later starts put a directory and a
     file: saving replaces the links and writes nothing through them."""
