@@ -183,9 +183,10 @@ void run_in_parser_process(const std::vector<int>& keep_fds, int landlock_abi,
     }
     if (received.starts_with(kFailed)) {
         std::string message = received.substr(1, kMaxMessageBytes);
-        // One line, whatever the child wrote.
+        // One line without terminal controls, whatever the child wrote (its errors quote the
+        // archive's names).
         for (char& c : message) {
-            if (c == '\n' || c == '\r') c = ' ';
+            if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
         }
         throw Error(message);
     }

@@ -76,6 +76,9 @@ TEST(ParserProcessTest, WritesTheDescriptorsItWasGivenAndRunsThreads) {
 TEST(ParserProcessTest, AnErrorOfTheWorkArrivesAsOneLine) {
     EXPECT_EQ(outcome([] { throw Error("layer 1: damaged\nsecond line"); }),
               "layer 1: damaged second line");
+    // An entry's name is the archive's choice, and errors quote it: no terminal control either.
+    EXPECT_EQ(outcome([] { throw Error("entry '\x1b]52;c;aGk=\x07\x1b[2K\tx\x7f' leads out"); }),
+              "entry ' ]52;c;aGk=  [2K x ' leads out");
 }
 
 TEST(ParserProcessTest, OpensNoFileByPath) {
