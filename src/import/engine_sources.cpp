@@ -193,7 +193,8 @@ size_t on_archive_bytes(char* data, size_t size, size_t count, void* user) {
     if (transfer.status != 200) {
         const size_t room = kMaxErrorBody - std::min(kMaxErrorBody, transfer.error_body.size());
         transfer.error_body.append(data, std::min(room, length));
-        return length;
+        // Its start is all that is said: an error that goes on is not read to its end.
+        return length <= room ? length : 0;
     }
     if (static_cast<int64_t>(length) > transfer.limit - transfer.sent) {
         transfer.stop = ArchiveTransfer::Stop::limit;

@@ -2,7 +2,11 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/limits.h>
+#include <linux/openat2.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <sys/xattr.h>
 #include <unistd.h>
@@ -10,8 +14,10 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "util/errors.h"
@@ -80,20 +86,26 @@ class Replay {
     ReplaySummary run(int upper_fd, int merged_fd) {
         UniqueFd upper(::openat(upper_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
         UniqueFd merged(::openat(merged_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-        if (!upper || !merged) throw system_error("cannot open the layers to save");
+        merged_root_ = UniqueFd(::openat(merged_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+        if (!upper || !merged || !merged_root_) {
+            throw system_error("cannot open the layers to save");
+        }
+        data_budget_ = bytes_used_by(upper.get());
         std::vector<Level> levels;
-        levels.push_back(enter({}, "", upper.get(), merged.get()));
+        levels.push_back(enter({}, upper.get(), merged.get()));
         for (;;) {
             Level& level = levels.back();
             if (!level.subdirectories.empty()) {
                 Subdirectory next = std::move(level.subdirectories.back());
                 level.subdirectories.pop_back();
-                const std::string path = level.path + "/" + next.name;
-                UniqueFd upper_child = open_directory_below(upper.get(), next.name, shown(path));
-                UniqueFd merged_child = open_directory_below(merged.get(), next.name, shown(path));
-                const ino_t upper_parent = inode_of(upper.get(), level.path);
-                const ino_t merged_parent = inode_of(merged.get(), level.path);
-                Level child = enter(std::move(next), path, upper_child.get(), merged_child.get());
+                const ino_t upper_parent = inode_of(upper.get(), path_);
+                const ino_t merged_parent = inode_of(merged.get(), path_);
+                const size_t parent_path_size = path_.size();
+                path_.append("/").append(next.name);
+                UniqueFd upper_child = open_directory_below(upper.get(), next.name, shown(path_));
+                UniqueFd merged_child = open_directory_below(merged.get(), next.name, shown(path_));
+                Level child = enter(std::move(next), upper_child.get(), merged_child.get());
+                child.parent_path_size = parent_path_size;
                 child.upper_parent = upper_parent;
                 child.merged_parent = merged_parent;
                 levels.push_back(std::move(child));
@@ -102,9 +114,10 @@ class Replay {
                 continue;
             }
             if (levels.size() == 1) break;
-            UniqueFd upper_parent = parent_of(upper.get(), level.upper_parent, level.path);
-            UniqueFd merged_parent = parent_of(merged.get(), level.merged_parent, level.path);
-            finish_directory(merged_parent.get(), level);
+            UniqueFd upper_parent = parent_of(upper.get(), level.upper_parent, path_);
+            UniqueFd merged_parent = parent_of(merged.get(), level.merged_parent, path_);
+            finish_directory(merged_parent.get(), level, path_);
+            path_.resize(level.parent_path_size);
             levels.pop_back();
             upper = std::move(upper_parent);
             merged = std::move(merged_parent);
@@ -117,13 +130,76 @@ class Replay {
         std::string name;
         struct stat upper_stat {};
     };
+    // Its name only: the path from the root is path_ while it is entered (a path per level would
+    // hold memory by the square of the depth, which is the payload's choice).
     struct Level {
         Subdirectory self;
-        std::string path;
+        size_t parent_path_size = 0;
         ino_t upper_parent = 0;
         ino_t merged_parent = 0;
         std::vector<Subdirectory> subdirectories;  // still to enter
     };
+
+    // path_ with "/NAME" appended while it lives.
+    class EntryPath {
+      public:
+        EntryPath(std::string& path, const std::string& name) : path_(path), size_(path.size()) {
+            path_.append("/").append(name);
+        }
+        EntryPath(const EntryPath&) = delete;
+        EntryPath& operator=(const EntryPath&) = delete;
+        ~EntryPath() { path_.resize(size_); }
+
+      private:
+        std::string& path_;
+        size_t size_;
+    };
+
+    // What the sandbox's tmpfs holds: no replay of it can need to write more data (hard links
+    // aside, which are kept as links), so it bounds what saving writes to the host's disk.
+    static uint64_t bytes_used_by(int tmpfs_dir) {
+        struct statfs fs {};
+        if (::fstatfs(tmpfs_dir, &fs) != 0) throw system_error("cannot measure what was written");
+        return static_cast<uint64_t>(fs.f_blocks - fs.f_bfree) * static_cast<uint64_t>(fs.f_bsize);
+    }
+
+    // A file with more names: its first copy is remembered (as a path below the merged root, while
+    // the names stay within a bound: the payload chose how many and how long they are).
+    void remember_saved_copy(const struct stat& st, const std::string& path) {
+        if (st.st_nlink < 2 || path.size() > PATH_MAX ||
+            saved_names_bytes_ + path.size() > kSavedNamesBudget) {
+            return;
+        }
+        const std::string relative = path.substr(1);
+        saved_names_bytes_ += relative.size();
+        saved_copies_.emplace(std::make_pair(st.st_dev, st.st_ino), relative);
+    }
+
+    // Another name of a file already saved becomes a hard link to its copy (a tmpfs holds any
+    // number of names of one file's data: copying each would multiply it on the host's disk).
+    bool link_to_saved_copy(int merged_dir, const std::string& name, const struct stat& st,
+                            const std::string& path) const {
+        if (st.st_nlink < 2) return false;
+        const auto saved = saved_copies_.find(std::make_pair(st.st_dev, st.st_ino));
+        if (saved == saved_copies_.end()) return false;
+        const size_t slash = saved->second.rfind('/');
+        const std::string parent =
+            slash == std::string::npos ? "." : saved->second.substr(0, slash);
+        const std::string base =
+            slash == std::string::npos ? saved->second : saved->second.substr(slash + 1);
+        open_how how{};
+        how.flags = O_PATH | O_DIRECTORY | O_CLOEXEC;
+        how.resolve =
+            RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV;
+        UniqueFd directory(static_cast<int>(
+            ::syscall(SYS_openat2, merged_root_.get(), parent.c_str(), &how, sizeof how)));
+        if (!directory) throw system_error("cannot link " + shown(path));
+        if (::linkat(directory.get(), base.c_str(), merged_dir, name.c_str(), 0) != 0) {
+            if (errno == EMLINK) return false;  // copied instead, within the data budget
+            throw system_error("cannot link " + shown(path));
+        }
+        return true;
+    }
 
     static ino_t inode_of(int dir, const std::string& path) {
         struct stat st {};
@@ -141,22 +217,22 @@ class Replay {
     }
 
     // Its mode and times last: filling it changed them, and its mode may not allow filling.
-    static void finish_directory(int merged_parent, const Level& level) {
+    static void finish_directory(int merged_parent, const Level& level, const std::string& path) {
         const mode_t mode = level.self.upper_stat.st_mode & 07777;
         if (::fchmodat(merged_parent, level.self.name.c_str(), mode, 0) != 0) {
-            throw system_error("cannot set the mode of " + shown(level.path));
+            throw system_error("cannot set the mode of " + shown(path));
         }
-        set_times_at(merged_parent, level.self.name, level.self.upper_stat, shown(level.path));
+        set_times_at(merged_parent, level.self.name, level.self.upper_stat, shown(path));
     }
 
     // Applies the directory's own entries; returns its level with the subdirectories to enter,
     // each already a directory of the merged tree.
-    Level enter(Subdirectory self, const std::string& path, int upper_dir, int merged_dir) {
+    Level enter(Subdirectory self, int upper_dir, int merged_dir) {
         Level level;
         level.self = std::move(self);
-        level.path = path;
-        for (const std::string& name : names_in(upper_dir, shown(path))) {
-            const std::string entry_path = path + "/" + name;
+        for (const std::string& name : names_in(upper_dir, shown(path_))) {
+            const EntryPath entry(path_, name);
+            const std::string& entry_path = path_;
             struct stat st {};
             if (::fstatat(upper_dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
                 throw system_error("cannot stat " + shown(entry_path));
@@ -174,7 +250,10 @@ class Replay {
             }
             remove_tree_at(merged_dir, name, shown(entry_path));
             if (S_ISREG(st.st_mode)) {
-                copy_file(upper_dir, merged_dir, name, st, entry_path);
+                if (!link_to_saved_copy(merged_dir, name, st, entry_path)) {
+                    copy_file(upper_dir, merged_dir, name, st, entry_path);
+                    remember_saved_copy(st, entry_path);
+                }
             } else if (S_ISLNK(st.st_mode)) {
                 copy_symlink(upper_dir, merged_dir, name, st, entry_path);
             } else if (S_ISFIFO(st.st_mode)) {
@@ -226,6 +305,10 @@ class Replay {
                 const ssize_t got = ::pread(source.get(), buffer_.data(), want, at);
                 if (got < 0) throw system_error("cannot read " + shown(path));
                 if (got == 0) break;  // the file shrank: nothing more to read
+                if (summary_.data_bytes + static_cast<uint64_t>(got) > data_budget_) {
+                    throw Error("cannot save " + shown(path) +
+                                ": more data than the sandbox's tmpfs held");
+                }
                 for (ssize_t done = 0; done < got;) {
                     const ssize_t put = ::pwrite(target.get(), buffer_.data() + done,
                                                  static_cast<size_t>(got - done), at + done);
@@ -269,7 +352,14 @@ class Replay {
         set_times_at(merged_dir, name, st, shown(path));
     }
 
+    static constexpr size_t kSavedNamesBudget = size_t{16} << 20;
+
     ReplaySummary summary_;
+    std::string path_;  // of the directory or entry at hand, from the root ("" for the root)
+    UniqueFd merged_root_;
+    uint64_t data_budget_ = 0;
+    std::map<std::pair<dev_t, ino_t>, std::string> saved_copies_;
+    size_t saved_names_bytes_ = 0;
     std::vector<char> buffer_ = std::vector<char>(size_t{1} << 17);
 };
 

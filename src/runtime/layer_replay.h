@@ -18,8 +18,9 @@ struct ReplaySummary {
 // Applies the overlay upper layer open at `upper_fd` (whiteouts: 0:0 character devices; replaced
 // directories: the user.overlay.opaque xattr) to the merged tree open at `merged_fd`. Never follows
 // a symbolic link of either tree; regular files keep their data (sparse where the source is), mode
-// (without setuid/setgid) and times; hard links become separate files; extended attributes are
-// not kept. Throws Error with the path that failed.
+// (without setuid/setgid) and times; hard links stay hard links; extended attributes are not kept.
+// The file data written is bounded by what the tmpfs holding `upper_fd` holds. Throws Error with
+// the path that failed.
 ReplaySummary replay_upper_layer(int upper_fd, int merged_fd);
 
 }  // namespace sqbox

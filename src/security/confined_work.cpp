@@ -172,7 +172,14 @@ std::string run_confined(int directory_fd, const std::vector<int>& keep_fds,
     if (WIFEXITED(*status) && WEXITSTATUS(*status) == 0 && received.starts_with('o')) {
         return received.substr(1);
     }
-    if (received.starts_with('e')) throw Error(received.substr(1));
+    if (received.starts_with('e')) {
+        // One line without terminal controls: the child's errors quote the image's names.
+        std::string message = received.substr(1);
+        for (char& c : message) {
+            if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
+        }
+        throw Error(message);
+    }
     if (WIFSIGNALED(*status)) throw Error("died of signal " + std::to_string(WTERMSIG(*status)));
     throw Error("failed (status " + std::to_string(WEXITSTATUS(*status)) + ")");
 }

@@ -54,7 +54,16 @@ constexpr const char* kRefusedSyscalls[] = {
     "fork", "vfork", "socket", "socketpair", "tkill", "pidfd_open", "pidfd_send_signal",
     "memfd_create", "memfd_secret", "shmget", "shmat", "mq_open",
     // no file by path (the inputs and the output are open already); Landlock says the same
-    "open", "creat", "openat", "openat2"};
+    "open", "creat", "openat", "openat2",
+    // nor any change to one by path, which Landlock leaves alone (metadata) or a kernel without
+    // it allows (names, contents)
+    "chmod", "fchmodat", "fchmodat2", "chown", "lchown", "fchownat", "setxattr", "lsetxattr",
+    "removexattr", "lremovexattr", "setxattrat", "removexattrat", "utime", "utimes", "futimesat",
+    "utimensat", "truncate", "rename", "renameat", "renameat2", "link", "linkat", "symlink",
+    "symlinkat", "unlink", "unlinkat", "mkdir", "mkdirat", "rmdir", "mknod", "mknodat",
+    // nor to its descriptors' metadata: the layers are the caller's files (an OCI layout's, the
+    // download cache's), open read-only but theirs to chmod
+    "fchmod", "fchown", "fsetxattr", "fremovexattr"};
 
 void refuse_signals_to_others(SeccompRules& filter) {
     const auto self = static_cast<uint64_t>(::getpid());
@@ -174,9 +183,10 @@ void run_in_parser_process(const std::vector<int>& keep_fds, int landlock_abi,
     }
     if (received.starts_with(kFailed)) {
         std::string message = received.substr(1, kMaxMessageBytes);
-        // One line, whatever the child wrote.
+        // One line without terminal controls, whatever the child wrote (its errors quote the
+        // archive's names).
         for (char& c : message) {
-            if (c == '\n' || c == '\r') c = ' ';
+            if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
         }
         throw Error(message);
     }

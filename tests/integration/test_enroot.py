@@ -259,6 +259,65 @@ def test_rw_start_adds_at_most_its_writable_budget(enroot, busybox_image):
     assert 8 << 20 < stored <= 16 << 20, stored
 
 
+def test_rw_saving_keeps_hard_links_so_the_budget_bounds_the_disk(enroot, busybox_image):
+    """Hard links cost a tmpfs no data: a payload that links one file many times must not make
+    saving write it out once per name. The names are saved as links of one file."""
+    assert enroot("create", "-n", "box", busybox_image).returncode == 0
+    linked = enroot("start", "--rw", "box", "sh", "-c",
+                    "mkdir /l /l/d && dd if=/dev/urandom of=/l/f bs=1M count=4 2>/dev/null && "
+                    "for i in $(seq 64); do ln /l/f /l/$i && ln /l/f /l/d/$i || exit 1; done",
+                    env={"SQBOX_TMPFS_SIZE": "16M"})
+    assert linked.returncode == 0, linked.stderr
+    files = [f for f in (enroot.data / "box" / "upper" / "l").rglob("*")
+             if f.is_file() and not f.is_symlink()]
+    assert len(files) == 129
+    inodes = {f.stat().st_ino: f.stat().st_blocks * 512 for f in files}
+    assert sum(inodes.values()) <= 16 << 20, (len(inodes), sum(inodes.values()))
+    check = enroot("start", "box", "sh", "-c", "cmp /l/f /l/64 && cmp /l/f /l/d/1 && "
+                   "stat -c %h /l/d/33")
+    assert check.returncode == 0 and check.stdout == "129\n", check
+
+
+def test_rw_saving_writes_no_more_data_than_the_budget_held(enroot, busybox_image):
+    """Links whose first name is too deep to link to by path are copied: saving stops, with one
+    line, before the host's disk gets more data than the sandbox's tmpfs held."""
+    assert enroot("create", "-n", "box", busybox_image).returncode == 0
+    linked = enroot("start", "--rw", "box", "sh", "-c",
+                    "mkdir /t && cd /t && dd if=/dev/zero of=f bs=1M count=4 2>/dev/null && "
+                    "for i in $(seq 32); do ln f $i || exit 1; done && cd / && for i in $(seq 17);"
+                    f" do mkdir /n && mv /t /n/{'d' * 250} && mv /n /t || exit 1; done",
+                    env={"SQBOX_TMPFS_SIZE": "16M"})
+    assert linked.returncode == 1, linked
+    assert linked.stderr.count("\n") == 1, linked.stderr
+    assert "more data than the sandbox's tmpfs held" in linked.stderr, linked.stderr
+    # du walks by descriptor (any depth) and counts a file's blocks once whatever its links.
+    du = subprocess.run(["du", "-s", "--block-size=1", str(enroot.data / "box" / "upper")],
+                        stdout=subprocess.PIPE, text=True, check=True)
+    assert int(du.stdout.split()[0]) <= 17 << 20, du.stdout
+    assert enroot("remove", "-f", "box").returncode == 0  # the fixture cannot walk that deep
+
+
+def test_rw_saving_a_deep_tree_takes_memory_by_its_depth_not_its_square(enroot, python_image):
+    """12,000 directories one in another (the payload's tmpfs holds them: each is one inode; a
+    1 GiB budget holds 65,536) are saved by a supervisor limited to 96 MiB of data: what it holds
+    per level is the name, not the path from the root (12,000 paths averaging 12 KB: 144 MB)."""
+    assert enroot("create", "-n", "box", python_image).returncode == 0
+    deep = ("import os\nos.mkdir('/deep'); os.chdir('/deep')\n"
+            "for _ in range(12000): os.mkdir('d'); os.chdir('d')\n"
+            "open('end', 'w').write('bottom')\n")
+    # The soft limit only: the image server sets its own.
+    limited = ["prlimit", f"--data={96 << 20}:unlimited", "enroot"]
+    made = subprocess.run([*limited, "start", "--rw", "box", "python3", "-c", deep],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=enroot.env, timeout=600)
+    assert made.returncode == 0, made.stderr
+    check = enroot("start", "box", "python3", "-c",
+                   "import os\nos.chdir('/deep')\nfor _ in range(12000): os.chdir('d')\n"
+                   "print(open('end').read())")
+    assert check.returncode == 0 and check.stdout == "bottom\n", check
+    assert enroot("remove", "-f", "box").returncode == 0  # the fixture cannot walk that deep
+
+
 def test_rw_saving_never_follows_a_link_out_of_the_container(enroot, busybox_image, tmp_path):
     """A start leaves symlinks to a host directory where later starts put a directory and a
     file: saving replaces the links and writes nothing through them."""

@@ -249,9 +249,10 @@ class UnixHttpServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer)
     daemon_threads = True
 
 
-def fake_engine(path: Path, describe, archive_chunks):
+def fake_engine(path: Path, describe, archive_chunks, archive_status=200):
     """Serves /images/NAME/json with `describe` and /images/NAME/get with the bytes
-    `archive_chunks()` yields (no length: the body ends when the connection closes)."""
+    `archive_chunks()` yields (no length: the body ends when the connection closes), under
+    `archive_status`."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.0"
@@ -272,7 +273,7 @@ def fake_engine(path: Path, describe, archive_chunks):
                 self.end_headers()
                 self.wfile.write(data)
                 return
-            self.send_response(200)
+            self.send_response(archive_status)
             self.send_header("Content-Type", "application/x-tar")
             self.end_headers()
             try:
@@ -322,6 +323,33 @@ def test_endless_archive_stops(content, sqbox_bin, tmp_path):
     else:
         one_line_failure(result, "dockerd://hostile: not an OCI image layout")
     assert sum(sent) < (128 << 20)  # it stopped reading, the engine stopped sending
+    assert os.listdir(out) == []
+
+
+def test_endless_error_answer_stops(sqbox_bin, tmp_path):
+    """An engine that describes the image, then answers its archive with an error whose body
+    never ends: the import keeps the error's start, stops reading, and says so in one line."""
+    sent = []
+
+    def endless_error():
+        yield b'{"message": "no archive today"}'
+        while sum(sent) < (1 << 30):  # a bound for the test only, far past what is kept
+            sent.append(1 << 20)
+            yield b" " * (1 << 20)
+
+    server = fake_engine(tmp_path / "engine.sock", (200, {"Id": IMAGE_ID, "Size": 1000}),
+                         endless_error, archive_status=500)
+    out = tmp_path / "out"
+    out.mkdir()
+    try:
+        result = import_command(sqbox_bin, "dockerd://hostile", out / "x.sqsh",
+                                dict(os.environ, DOCKER_HOST=f"unix://{tmp_path}/engine.sock"))
+    finally:
+        server.shutdown()
+        server.server_close()
+    one_line_failure(result, "refused hostile: ")
+    assert "(HTTP 500)" in result.stderr
+    assert sum(sent) < (64 << 20)  # it stopped reading, the engine stopped sending
     assert os.listdir(out) == []
 
 

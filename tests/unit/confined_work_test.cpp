@@ -63,6 +63,19 @@ TEST_F(ConfinedWorkTest, AnErrorOfTheWorkIsThrownWithItsMessage) {
     }
 }
 
+// Errors quote the image's names, which may hold anything but '/' and NUL: one line, and no
+// terminal control reaches the caller's terminal.
+TEST_F(ConfinedWorkTest, AnErrorArrivesAsOneLineWithoutControlCharacters) {
+    try {
+        (void)run_confined(inside_.get(), {}, []() -> std::string {
+            throw Error("the name '\x1b]52;c;aGk=\x07\n\x1b[2J\x7f' in /");
+        });
+        FAIL() << "no error";
+    } catch (const Error& e) {
+        EXPECT_STREQ(e.what(), "the name ' ]52;c;aGk=   [2J ' in /");
+    }
+}
+
 TEST_F(ConfinedWorkTest, ReachesNoFileOutsideItsDirectory) {
     if (landlock_abi_version() == 0) GTEST_SKIP() << "Landlock is not available on this kernel";
     const std::string outside = (dir_ / "outside.txt").string();

@@ -8,7 +8,9 @@
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -74,6 +76,9 @@ TEST(ParserProcessTest, WritesTheDescriptorsItWasGivenAndRunsThreads) {
 TEST(ParserProcessTest, AnErrorOfTheWorkArrivesAsOneLine) {
     EXPECT_EQ(outcome([] { throw Error("layer 1: damaged\nsecond line"); }),
               "layer 1: damaged second line");
+    // An entry's name is the archive's choice, and errors quote it: no terminal control either.
+    EXPECT_EQ(outcome([] { throw Error("entry '\x1b]52;c;aGk=\x07\x1b[2K\tx\x7f' leads out"); }),
+              "entry ' ]52;c;aGk=  [2K x ' leads out");
 }
 
 TEST(ParserProcessTest, OpensNoFileByPath) {
@@ -116,6 +121,70 @@ TEST(ParserProcessTest, OpensNoFileByPathWithoutLandlockEither) {
         },
         {}, {}, 0);
     EXPECT_EQ(read, "open: Permission denied");
+}
+
+// Landlock covers opening, creating and removing files, not their metadata: chmod, chown,
+// setxattr and utimes by path are the seccomp filter's to refuse, with Landlock and without.
+TEST(ParserProcessTest, ChangesNoFileOfItsUserByPath) {
+    for (const int landlock : {landlock_abi_version(), 0}) {
+        TempDirectory temp("parser");
+        const fs::path victim = temp.path() / "bashrc";
+        std::ofstream(victim) << "trusted\n";
+        fs::permissions(victim, fs::perms(0600));
+        const auto attack = [&](const std::string& what, const std::function<int()>& call) {
+            expect_refused(
+                outcome(
+                    [&] {
+                        if (call() != 0) throw system_error(what);
+                    },
+                    {}, {}, landlock),
+                what + " a file of its user (Landlock ABI " + std::to_string(landlock) + ")");
+        };
+        attack("chmod", [&] { return ::chmod(victim.c_str(), 0666); });
+        attack("fchmodat", [&] { return ::fchmodat(AT_FDCWD, victim.c_str(), 0666, 0); });
+        attack("chown", [&] { return ::chown(victim.c_str(), ::getuid(), ::getgid()); });
+        attack("setxattr", [&] { return ::setxattr(victim.c_str(), "user.planted", "x", 1, 0); });
+        attack("utimes", [&] { return ::utimensat(AT_FDCWD, victim.c_str(), nullptr, 0); });
+        EXPECT_EQ(fs::status(victim).permissions(), fs::perms(0600));
+        if (landlock != 0) continue;
+        // What Landlock alone refuses where the kernel has it.
+        const fs::path moved = temp.path() / "moved";
+        attack("truncate", [&] { return ::truncate(victim.c_str(), 0); });
+        attack("rename", [&] { return ::rename(victim.c_str(), moved.c_str()); });
+        attack("link", [&] { return ::link(victim.c_str(), moved.c_str()); });
+        attack("symlink", [&] { return ::symlink(victim.c_str(), moved.c_str()); });
+        attack("mkdir", [&] { return ::mkdir(moved.c_str(), 0700); });
+        attack("unlink", [&] { return ::unlink(victim.c_str()); });
+        EXPECT_FALSE(fs::exists(moved));
+        std::string content;
+        std::getline(std::ifstream(victim), content);
+        EXPECT_EQ(content, "trusted");
+    }
+}
+
+// The layers are the caller's files (an OCI layout's, the download cache's blobs), open read-only:
+// their mode, owner, attributes and times stay as they are.
+TEST(ParserProcessTest, ChangesNoMetadataOfTheDescriptorsItWasGiven) {
+    TempDirectory temp("parser");
+    const fs::path blob = temp.path() / "blob";
+    std::ofstream(blob) << "layer\n";
+    fs::permissions(blob, fs::perms(0644));
+    UniqueFd layer(::open(blob.c_str(), O_RDONLY | O_CLOEXEC));
+    ASSERT_TRUE(layer);
+    const int fd = layer.get();
+    const auto attack = [&](const std::string& what, const std::function<int()>& call) {
+        expect_refused(outcome(
+                           [&] {
+                               if (call() != 0) throw system_error(what);
+                           },
+                           {fd}),
+                       what + " a layer it reads");
+    };
+    attack("fchmod", [&] { return ::fchmod(fd, 0666); });
+    attack("fchown", [&] { return ::fchown(fd, ::getuid(), ::getgid()); });
+    attack("fsetxattr", [&] { return ::fsetxattr(fd, "user.planted", "x", 1, 0); });
+    attack("futimens", [&] { return ::futimens(fd, nullptr); });
+    EXPECT_EQ(fs::status(blob).permissions(), fs::perms(0644));
 }
 
 TEST(ParserProcessTest, StartingAProgramKillsIt) {
