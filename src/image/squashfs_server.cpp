@@ -160,12 +160,28 @@ void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     g_names.add(parent, name, reply.ino);
 }
 
-// Every FUSE request is a round trip through this process, so the server answers open and opendir
-// with ENOSYS: the kernel then stops sending open/release pairs and keeps file and directory
-// contents cached (FOPEN_KEEP_CACHE | FOPEN_CACHE_DIR). read and readdir therefore find the inode
-// from its number on each call instead of from an open handle.
+// Every FUSE request is a round trip through this process, so the server answers opendir with
+// ENOSYS: the kernel then stops sending opendir/releasedir pairs and keeps directory contents
+// cached (FOPEN_CACHE_DIR). readdir therefore finds the inode from its number on each call.
 void op_unsupported(fuse_req_t req, fuse_ino_t /*ino*/, struct fuse_file_info* /*fi*/) {
     fuse_reply_err(req, ENOSYS);
+}
+
+// Files are opened for real, to say FOPEN_NOFLUSH: without it every close of a file of the image
+// sends FLUSH and waits for the answer (until the first ENOSYS tells the kernel to stop), and a
+// close that waits once this server has died never ends: the server's own read-ahead thread closes
+// files of this mount, and when the process is killed its last thread closes them while exiting,
+// holding the very connection that would have to answer (seen as sandboxes that never end once
+// init failed early). The contents stay cached (FOPEN_KEEP_CACHE); read finds the inode from its
+// number, as before.
+void op_open(fuse_req_t req, fuse_ino_t /*ino*/, struct fuse_file_info* fi) {
+    if ((fi->flags & O_ACCMODE) != O_RDONLY) {
+        fuse_reply_err(req, EROFS);
+        return;
+    }
+    fi->keep_cache = 1;
+    fi->noflush = 1;
+    fuse_reply_open(req, fi);
 }
 
 // Extended attributes are not exposed: overlayfs would otherwise ask for its own user.overlay.*
@@ -305,7 +321,7 @@ fuse_lowlevel_ops make_operations() {
     ops.lookup = op_lookup;
     ops.getattr = op_getattr;
     ops.forget = sqfs_ll_op_forget;
-    ops.open = op_unsupported;
+    ops.open = op_open;
     ops.opendir = op_unsupported;
     ops.read = op_read;
     ops.readdir = op_readdir;
