@@ -190,14 +190,9 @@ class ImageTreeWriter {
         set_attributes(fd, st, path);
     }
 
-    // The image's permission bits without setuid and setgid, its modification time, the
-    // caller's group whatever the cache directory would hand down.
+    // Without setuid and setgid: nothing of the image becomes either in the caller's cache.
     static void set_attributes(int fd, const struct stat& image, const std::string& path) {
-        const timespec times[2] = {image.st_mtim, image.st_mtim};
-        if (::fchown(fd, static_cast<uid_t>(-1), ::getegid()) != 0 ||
-            ::fchmod(fd, image.st_mode & 01777) != 0 || ::futimens(fd, times) != 0) {
-            throw system_error("cannot set the attributes of " + path);
-        }
+        set_unpacked_attributes(fd, image, 01777, path);
     }
 
     sqfs* fs_;
@@ -308,6 +303,15 @@ void remove_unused_entries(const std::string& directory, const std::string& keep
 }
 
 }  // namespace
+
+void set_unpacked_attributes(int fd, const struct stat& image, mode_t mode_mask,
+                             const std::string& what) {
+    const timespec times[2] = {image.st_mtim, image.st_mtim};
+    if (::fchown(fd, static_cast<uid_t>(-1), ::getegid()) != 0 ||
+        ::fchmod(fd, image.st_mode & mode_mask) != 0 || ::futimens(fd, times) != 0) {
+        throw system_error("cannot set the attributes of " + what);
+    }
+}
 
 std::string unpack_image_tree(sqfs* fs, int root_fd, const ImageUnpackLimits& limits) {
     ImageTreeWriter writer(fs, limits);

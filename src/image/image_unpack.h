@@ -26,6 +26,8 @@
 // lives, so that no other run removes it meanwhile.
 #pragma once
 
+#include <sys/stat.h>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -62,6 +64,12 @@ struct UnpackedImage {
 UnpackedImage unpack_image(sqfs* fs, int image_fd, const std::string& image_path,
                            const std::string& cache_directory,
                            const ImageUnpackLimits& limits = {});
+
+// Gives a file or directory unpacked from an image (open at `fd`) the image's permission bits
+// within `mode_mask`, its modification time, and the caller's group explicitly, whatever the cache
+// directory would hand down (a setgid directory, a grpid mount). Throws Error naming `what`.
+void set_unpacked_attributes(int fd, const struct stat& image, mode_t mode_mask,
+                             const std::string& what);
 
 // The confined child's work, exposed for the unit tests and fuzz targets: the whole image into
 // the empty directory `root_fd`. Returns "BYTES ENTRIES". Throws Error on a budget, a bad name or

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "image/image_paths.h"
+#include "image/image_unpack.h"
 #include "image/squashfs_guards.h"
 #include "security/confined_work.h"
 #include "util/errors.h"
@@ -225,14 +226,8 @@ class TreeBuilder {
         return true;
     }
 
-    // The image's mode bits and modification time; the caller's group explicitly, whatever the
-    // cache directory would hand down (a setgid directory, a grpid mount).
     static void set_attributes(int fd, const struct stat& image, const std::string& path) {
-        const timespec times[2] = {image.st_mtim, image.st_mtim};
-        if (::fchown(fd, static_cast<uid_t>(-1), ::getegid()) != 0 ||
-            ::fchmod(fd, image.st_mode & 07777) != 0 || ::futimens(fd, times) != 0) {
-            throw system_error("cannot set the attributes of the unpacked " + path);
-        }
+        set_unpacked_attributes(fd, image, 07777, "the unpacked " + path);
     }
 
     sqfs* fs_;
