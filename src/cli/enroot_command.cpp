@@ -29,6 +29,7 @@
 #include "sqbox/sandbox.h"
 #include "util/errors.h"
 #include "util/files.h"
+#include "util/text.h"
 #include "warm_up/warm_up.h"
 
 extern char** environ;
@@ -688,7 +689,7 @@ int enroot_main(const std::string& program, const std::vector<std::string>& args
         std::cout << usage_text(program, usage.command) << std::flush;
         return usage.status;
     } catch (const Error& e) {
-        std::cerr << "[ERROR] " << e.what() << std::endl;
+        std::cerr << "[ERROR] " << blank_controls(e.what()) << std::endl;
         return 1;
     }
 }

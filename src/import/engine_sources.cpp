@@ -24,6 +24,7 @@
 #include "import/image_import.h"
 #include "util/errors.h"
 #include "util/files.h"
+#include "util/text.h"
 #include "util/unique_fd.h"
 
 namespace sqbox {
@@ -60,10 +61,7 @@ std::string socket_from_variable(const char* name) {
 
 // What the engine's answer says, on one line and short: it is the engine's text, not ours.
 std::string one_line(const std::string& text) {
-    std::string line;
-    for (const char c : text.substr(0, kMaxMessageBytes)) {
-        line += static_cast<unsigned char>(c) < 0x20 || c == 0x7f ? ' ' : c;
-    }
+    std::string line = blank_controls(text.substr(0, kMaxMessageBytes));
     while (!line.empty() && line.back() == ' ') line.pop_back();
     return text.size() > kMaxMessageBytes ? line + "..." : line;
 }

@@ -22,6 +22,7 @@
 #include "util/errors.h"
 #include "util/files.h"
 #include "util/process.h"
+#include "util/text.h"
 #include "util/unique_fd.h"
 
 namespace sqbox {
@@ -174,11 +175,7 @@ std::string run_confined(int directory_fd, const std::vector<int>& keep_fds,
     }
     if (received.starts_with('e')) {
         // One line without terminal controls: the child's errors quote the image's names.
-        std::string message = received.substr(1);
-        for (char& c : message) {
-            if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
-        }
-        throw Error(message);
+        throw Error(blank_controls(received.substr(1)));
     }
     if (WIFSIGNALED(*status)) throw Error("died of signal " + std::to_string(WTERMSIG(*status)));
     throw Error("failed (status " + std::to_string(WEXITSTATUS(*status)) + ")");

@@ -21,6 +21,7 @@
 #include "security/seccomp_rules.h"
 #include "util/files.h"
 #include "util/process.h"
+#include "util/text.h"
 #include "util/unique_fd.h"
 
 namespace sqbox {
@@ -182,13 +183,9 @@ void run_in_parser_process(const std::vector<int>& keep_fds, int landlock_abi,
                                 " was reached (the reader ran out of memory)");
     }
     if (received.starts_with(kFailed)) {
-        std::string message = received.substr(1, kMaxMessageBytes);
         // One line without terminal controls, whatever the child wrote (its errors quote the
         // archive's names).
-        for (char& c : message) {
-            if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
-        }
-        throw Error(message);
+        throw Error(blank_controls(received.substr(1, kMaxMessageBytes)));
     }
     if (WIFSIGNALED(status)) {
         throw ParserProcessDied("the reader was ended by " + signal_name(WTERMSIG(status)) +

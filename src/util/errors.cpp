@@ -6,6 +6,8 @@
 #include <cstring>
 #include <utility>
 
+#include "util/text.h"
+
 namespace sqbox {
 
 Error system_error(const std::string& what, int err) {
@@ -29,7 +31,8 @@ int diagnostics_fd() {
 }
 
 void print_error(const std::string& message) {
-    std::string line = "sqbox: " + message + "\n";
+    // One line, whatever names the message quotes.
+    std::string line = "sqbox: " + blank_controls(message) + "\n";
     // Best effort: if stderr is gone there is nobody left to tell.
     (void)!::write(diagnostics ? diagnostics.get() : STDERR_FILENO, line.data(), line.size());
 }

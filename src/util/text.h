@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cctype>
+#include <string>
 #include <string_view>
 
 namespace sqbox {
@@ -13,6 +14,15 @@ inline std::string_view trim_space(std::string_view text) {
     }
     while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back())) != 0) {
         text.remove_suffix(1);
+    }
+    return text;
+}
+
+// `text` with every control character (newlines and terminal escapes included) made a space:
+// what sqbox prints quotes names an image, archive, engine or payload chose.
+inline std::string blank_controls(std::string text) {
+    for (char& c : text) {
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
     }
     return text;
 }

@@ -297,6 +297,27 @@ def test_rw_saving_writes_no_more_data_than_the_budget_held(enroot, busybox_imag
     assert enroot("remove", "-f", "box").returncode == 0  # the fixture cannot walk that deep
 
 
+def test_rw_saving_errors_quote_the_payloads_names_without_terminal_controls(enroot,
+                                                                            busybox_image):
+    """The payload names the files that saving fails on (here: past the data the tmpfs held).
+    Names carrying a newline and terminal escapes (OSC 52 would set the caller's clipboard) reach
+    the caller's stderr as one line with those blanked."""
+    assert enroot("create", "-n", "box", busybox_image).returncode == 0
+    evil = r"$(printf '\033]52;c;aGk=\007\nx')"
+    linked = enroot("start", "--rw", "box", "sh", "-c",
+                    "mkdir /t && cd /t && dd if=/dev/zero of=f bs=1M count=4 2>/dev/null && "
+                    f"for i in $(seq 32); do ln f \"{evil}$i\" || exit 1; done && cd / && "
+                    f"for i in $(seq 17); do mkdir /n && mv /t /n/{'d' * 250} && mv /n /t || exit 1;"
+                    " done", env={"SQBOX_TMPFS_SIZE": "16M"})
+    assert linked.returncode == 1, linked
+    assert "more data than the sandbox's tmpfs held" in linked.stderr, linked.stderr
+    assert linked.stderr.count("\n") == 1, linked.stderr
+    # The name is there, its controls blanked.
+    assert "]52;c;aGk=  x" in linked.stderr, repr(linked.stderr)
+    assert "\033" not in linked.stderr and "\007" not in linked.stderr, repr(linked.stderr)
+    assert enroot("remove", "-f", "box").returncode == 0  # the fixture cannot walk that deep
+
+
 def test_rw_saving_a_deep_tree_takes_memory_by_its_depth_not_its_square(enroot, python_image):
     """12,000 directories one in another (the payload's tmpfs holds them: each is one inode; a
     1 GiB budget holds 65,536) are saved by a supervisor limited to 96 MiB of data: what it holds
