@@ -21,6 +21,7 @@ inline constexpr uint64_t kGiB = 1024ULL * kMiB;
 inline constexpr uint64_t kDefaultOutputLimit = 16 * kMiB;
 // The sandbox's one writable tmpfs: the root's upper layer, /tmp and /dev/shm together.
 inline constexpr uint64_t kDefaultWritableBytes = 1 * kGiB;
+inline constexpr unsigned kDefaultImageServerIdleSeconds = 60;
 
 // One mount on top of the sandbox's root, from `--mount`, the image's /etc/fstab or an enroot
 // configuration. sqbox always adds nosuid and nodev.
@@ -145,6 +146,11 @@ struct SandboxConfig {
     std::string warm_up_directory;
     bool use_warm_up_list = true;
     bool learn_warm_up = false;
+
+    // .sqsh images: the sandbox mounts a copy of the caller's shared image server's mount
+    // (runtime/shared_image.h), which stays this many seconds after its last sandbox has ended;
+    // 0: the sandbox serves the image itself, and its server ends with it.
+    unsigned image_server_idle_seconds = kDefaultImageServerIdleSeconds;
 
     bool verbose = false;
 

@@ -550,6 +550,7 @@ int enroot_start(const std::vector<std::string>& args, EnrootSettings settings) 
     config.read_only_root = !settings.rootfs_writable;
     config.output_limit_bytes = settings.output_limit;
     config.tmpfs_size_bytes = settings.writable_bytes;
+    config.image_server_idle_seconds = settings.image_server_idle_seconds;
     set_caller_identity(config);
     config.substitution_environment = caller_environment();
     // enroot's login starts in HOME; sqbox's HOME for root is /root, for others /tmp.

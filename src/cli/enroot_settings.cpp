@@ -62,6 +62,10 @@ EnrootSettings load_enroot_settings() {
     if (const char* size = std::getenv("SQBOX_TMPFS_SIZE"); size != nullptr && *size != 0) {
         settings.writable_bytes = validate::tmpfs_size(size, "SQBOX_TMPFS_SIZE");
     }
+    if (const char* idle = std::getenv("SQBOX_IMAGE_SERVER_IDLE"); idle != nullptr && *idle != 0) {
+        settings.image_server_idle_seconds =
+            validate::image_server_idle_seconds(idle, "SQBOX_IMAGE_SERVER_IDLE");
+    }
     return settings;
 }
 

@@ -22,6 +22,7 @@ struct EnrootSettings {
     // SQBOX_OUTPUT_LIMIT (sqbox run --output-limit) and SQBOX_TMPFS_SIZE (--tmpfs-size).
     std::optional<uint64_t> output_limit = kDefaultOutputLimit;
     uint64_t writable_bytes = kDefaultWritableBytes;
+    unsigned image_server_idle_seconds = kDefaultImageServerIdleSeconds;  // SQBOX_IMAGE_SERVER_IDLE
 
     // Applies `#ENROOT_NAME=value` directives (of a configuration script) on top.
     void apply(const std::map<std::string, std::string>& directives);

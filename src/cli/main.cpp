@@ -11,6 +11,7 @@
 #include "cli/run_command.h"
 #include "cli/seccomp_command.h"
 #include "cli/serve_command.h"
+#include "runtime/shared_image.h"
 #include "util/errors.h"
 
 namespace {
@@ -33,6 +34,12 @@ int run_main(int argc, char** argv) {
     CLI::App* import = sqbox::cli::add_import_subcommand(app, import_args);
     sqbox::cli::DoctorArguments doctor_args;
     CLI::App* doctor = sqbox::cli::add_doctor_subcommand(app, doctor_args);
+    // Started by sqbox run itself (runtime/shared_image.h); not listed in the help.
+    std::string image_server_socket;
+    unsigned image_server_idle = 0;
+    CLI::App* image_server = app.add_subcommand("image-server", "")->group("");
+    image_server->add_option("--socket", image_server_socket)->required();
+    image_server->add_option("--idle", image_server_idle)->required();
 
     // Split "run [OPTIONS] IMAGE [--] COMMAND..." ourselves: CLI11 sees only up to IMAGE.
     std::vector<std::string> words(argv + 1, argv + argc);
@@ -68,6 +75,14 @@ int run_main(int argc, char** argv) {
         return sqbox::kExitSqboxFailure;
     }
 
+    if (image_server->parsed()) {
+        try {
+            return sqbox::serve_shared_image(image_server_socket, image_server_idle);
+        } catch (const sqbox::Error& e) {
+            sqbox::print_error(e.what());
+            return sqbox::kExitSqboxFailure;
+        }
+    }
     if (run->parsed()) {
         run_args.command = std::move(command);
         try {

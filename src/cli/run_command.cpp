@@ -23,6 +23,16 @@ std::pair<std::string, std::string> parse_env_option(const std::string& value) {
     return {name, from_caller == nullptr ? std::string() : std::string(from_caller)};
 }
 
+// --image-server-idle, else $SQBOX_IMAGE_SERVER_IDLE, else the default.
+unsigned image_server_idle_or_default(const std::string& option) {
+    if (!option.empty()) return validate::image_server_idle_seconds(option, "--image-server-idle");
+    const char* variable = std::getenv("SQBOX_IMAGE_SERVER_IDLE");
+    if (variable != nullptr && *variable != 0) {
+        return validate::image_server_idle_seconds(variable, "SQBOX_IMAGE_SERVER_IDLE");
+    }
+    return kDefaultImageServerIdleSeconds;
+}
+
 }  // namespace
 
 CLI::App* add_run_subcommand(CLI::App& app, RunArguments& args) {
@@ -84,6 +94,11 @@ CLI::App* add_run_subcommand(CLI::App& app, RunArguments& args) {
                   "files they unpack (run a command you trust)");
     run->add_flag("--no-warm-up", args.no_warm_up,
                   "use no warm-up list and no unpacked files: everything through the image server");
+    run->add_option("--image-server-idle", args.image_server_idle,
+                    "seconds the shared image server of a .sqsh stays after its last sandbox "
+                    "(default 60, or $SQBOX_IMAGE_SERVER_IDLE); 0: this sandbox serves the image "
+                    "itself (docs/run.md)")
+        ->type_name("SECONDS");
     run->add_flag("-v,--verbose", args.verbose, "report setup details on stderr");
     run->add_option("--proc", args.proc,
                     "the sandbox's /proc: fresh (default), or outer: your own /proc, where a fresh "
@@ -156,6 +171,7 @@ RunOptions build_run_options(const RunArguments& args) {
     config.learn_warm_up = args.learn_warm_up;
     config.use_warm_up_list = !args.no_warm_up;
     config.warm_up_directory = default_warm_up_directory();
+    config.image_server_idle_seconds = image_server_idle_or_default(args.image_server_idle);
     if (!args.tmpfs_size.empty()) {
         config.tmpfs_size_bytes = validate::tmpfs_size(args.tmpfs_size, "--tmpfs-size");
     }

@@ -32,6 +32,7 @@ struct RunArguments {
     bool learn_warm_up = false;
     bool no_warm_up = false;
     std::string tmpfs_size;
+    std::string image_server_idle;  // --image-server-idle
     std::string timeout;
     std::string cpu_time;
     std::string memory;

@@ -117,6 +117,13 @@ double timeout_seconds(const std::string& text, const std::string& option) {
     return parse_seconds(text, option);
 }
 
+unsigned image_server_idle_seconds(const std::string& text, const std::string& option) {
+    constexpr uint64_t kDay = 24 * 60 * 60;
+    const uint64_t seconds = text == "0" ? 0 : parse_count(text, option);
+    if (seconds > kDay) throw Error(option + ": at most a day (86400 seconds)");
+    return static_cast<unsigned>(seconds);
+}
+
 std::string hostname(const std::string& text, const std::string& context) {
     if (text.empty() || text.size() > kMaxHostnameLength) {
         throw Error(context + ": must be 1 to " + std::to_string(kMaxHostnameLength) +

@@ -60,6 +60,8 @@ std::optional<uint64_t> output_limit_or_unlimited(const std::string& text,
                                                   const std::string& option);
 // Positive seconds, at most a week (a "s" suffix is allowed).
 double timeout_seconds(const std::string& text, const std::string& option);
+// Whole seconds from 0 (no shared image server) to a day.
+unsigned image_server_idle_seconds(const std::string& text, const std::string& option);
 
 // ---- names ----
 

@@ -50,4 +50,11 @@ ImageAccess choose_image_access(ImageSource& image, const SandboxConfig& config)
     return access;
 }
 
+void use_shared_image_server(ImageAccess& access, const ImageSource& image,
+                             const SandboxConfig& config) {
+    if (access.mode != "fuse" || config.learn_warm_up) return;
+    access.shared = share_image(image, config);
+    if (access.shared) access.mode = "shared";
+}
+
 }  // namespace sqbox

@@ -7,6 +7,7 @@
 
 #include "image/image_source.h"
 #include "image/image_unpack.h"
+#include "runtime/shared_image.h"
 #include "sqbox/config.h"
 
 namespace sqbox {
@@ -17,9 +18,17 @@ namespace sqbox {
 // where it cannot (a pod without a device plugin), it is unpacked into the caller's cache
 // (image/image_unpack.h) and `image` becomes that directory, held for as long as this lives.
 struct ImageAccess {
-    std::string mode;  // "fuse", "unpacked" or "directory" (RunResult::image_access)
+    // "fuse", "shared", "unpacked" or "directory" (RunResult::image_access)
+    std::string mode;
     std::optional<UnpackedImage> unpacked;
+    std::optional<SharedImage> shared;  // "shared": the shared image server's mount
 };
 ImageAccess choose_image_access(ImageSource& image, const SandboxConfig& config);
+
+// sqbox run: an image served over FUSE is served by the caller's shared image server
+// (runtime/shared_image.h) where one can be had, except for a learning run, whose own server
+// records what the run reads.
+void use_shared_image_server(ImageAccess& access, const ImageSource& image,
+                             const SandboxConfig& config);
 
 }  // namespace sqbox

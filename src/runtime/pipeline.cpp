@@ -4,7 +4,8 @@
 //   launcher    the caller's process: the image, /dev/fuse, the policy, the cgroup, stdio, signals
 //    └─ supervisor      clone(NEWUSER | NEWNS): root of the sandbox's user namespace, owns the
 //    mounts
-//        ├─ image server    fork: serves the .sqsh over FUSE; lives as long as the sandbox
+//        ├─ image server    fork: serves the .sqsh over FUSE; lives as long as the sandbox (unless
+//        │                  the caller's shared image server serves it: runtime/shared_image.h)
 //        └─ init            clone(NEWPID | NEWIPC | NEWUTS): PID 1; makes its network and cgroup
 //            │              namespaces, builds the root, pivots into it, reaps, reports
 //            └─ payload     fork: drops everything, confines itself, executes the command
@@ -52,9 +53,11 @@ namespace sqbox {
 
 RunResult run_sandbox(const SandboxConfig& config) {
     try {
-        // 1. What needs the caller's view of the host, checked before any namespace exists.
+        // 1. What needs the caller's view of the host, checked before any namespace exists, and
+        //    the image's shared server (started if none runs yet).
         ImageSource image = open_image(config.image);
-        const ImageAccess access = choose_image_access(image, config);
+        ImageAccess access = choose_image_access(image, config);
+        use_shared_image_server(access, image, config);
         // 2. The policy: the seccomp filter, Landlock, limits and where each is enforced.
         std::optional<SandboxCgroup> cgroup = plan_cgroup_before_start(config);
         SandboxPlan plan = plan_run(config, cgroup ? &*cgroup : nullptr);
@@ -78,9 +81,11 @@ RunResult run_sandbox(const SandboxConfig& config) {
             if (relay.active()) adopt_diagnostics_fd(relay.install_in_child());
             run_supervisor({&plan, &image, launcher, &warm_up.names(), std::move(report.write_end),
                             std::move(init_channel), warm_up.take_learn_records(),
-                            warm_up.take_unpacked_files()});
+                            warm_up.take_unpacked_files(),
+                            std::move(access.shared).value_or(SharedImage{})});
         }
         ChildProcess supervisor(pid);
+        access.shared.reset();  // the supervisor's: it holds the server for the sandbox's life
         report.write_end.reset();
         relay.close_child_ends();
         init_channel.reset();
@@ -139,9 +144,16 @@ void run_supervisor(SupervisorContext context) {
         init_channels.close_init_ends();
         context.init_channel.reset();  // init's now
 
-        // 4. The image at /image in a private scratch root, and its FUSE server.
-        ChildProcess server = mount_image_and_serve(
-            image, ids, server_closes(context, init_channels), context.learn_records.get());
+        // 4. The image at /image in a private scratch root: a copy of the shared image server's
+        //    mount, or a mount of its own and its FUSE server.
+        ChildProcess server;
+        if (context.shared_image.mount) {
+            attach_shared_image(std::move(context.shared_image.mount));
+            signal_when_shared_server_speaks(context.shared_image.connection.get());
+        } else {
+            server = mount_image_and_serve(image, ids, server_closes(context, init_channels),
+                                           context.learn_records.get());
+        }
         context.learn_records.reset();  // the server's now
         // 5. The unpacked files above the image, and the names every start needs looked up
         //    ahead (on a thread of its own: no fork follows).
@@ -155,7 +167,8 @@ void run_supervisor(SupervisorContext context) {
         tell_init_image_ready(init_channels.image_ready);
 
         // 7. The sandbox runs: the timeout, the launcher's signals, the image server's health.
-        const SandboxEnd end = watch_sandbox(init, server, started, config.timeout_seconds);
+        const SandboxEnd end = watch_sandbox(init, server, started, config.timeout_seconds,
+                                             context.shared_image.connection.get());
         // 8. The report, once init is gone; the mounts go with this process.
         StageReport report = final_report(init_channels.report.read_end.get(), end, started, config,
                                           context.report.get());

@@ -376,7 +376,7 @@ void enter_scratch_root() {
     if (::chdir("/") != 0) throw system_error("chdir /");
 }
 
-void mount_image(const ImageSource& image, int fuse_fd, const IdMapping& ids) {
+void mount_image(const ImageSource& image, int fuse_fd, const IdMapping& ids, FuseUsers users) {
     if (image.kind == ImageSource::Kind::kDirectory) {
         const std::string source = std::string(kOldRootDir) + image.path;
         UniqueFd tree = clone_mount_tree(AT_FDCWD, source, true, "image directory " + image.path);
@@ -393,15 +393,16 @@ void mount_image(const ImageSource& image, int fuse_fd, const IdMapping& ids) {
         {"rootmode", "40000"},
         {"user_id", std::to_string(ids.inside_uid)},
         {"group_id", std::to_string(ids.inside_gid)},
-        // The sandbox user (who is not necessarily the mounter's uid) may use the mount...
-        {"allow_other", ""},
-        // ...and the kernel, not the server, checks permissions.
+        // The kernel, not the server, checks permissions.
         {"default_permissions", ""},
         // A read-only superblock, not just a read-only mount: FUSE otherwise marks a file's
         // access time stale after every read, and the next stat() of it costs a GETATTR round
         // trip (about 15 of them in a cold `python3 -c pass`).
         {"ro", ""},
     };
+    // allow_other: the sandbox user (who is not necessarily the mounter's uid) may use the
+    // mount. Without it the kernel lets only the mounter's ids in, but from any user namespace.
+    if (users == FuseUsers::kThisUserNamespace) options.emplace_back("allow_other", "");
     UniqueFd fs = create_filesystem("fuse", options,
                                     MountAttr::kReadOnly | MountAttr::kNoSuid | MountAttr::kNoDev,
                                     "FUSE mount of image " + image.path);

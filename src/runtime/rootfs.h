@@ -39,9 +39,15 @@ inline constexpr const char* kContainerViewDir = "/container";
 // reachable at /oldroot until init detaches it.
 void enter_scratch_root();
 
+// Who may use an image's FUSE mount: any process of the mounter's user namespace and those below
+// it (a sandbox's own mount), or processes with the mounter's ids in any user namespace (the
+// shared image server's, which sandboxes in sibling user namespaces mount copies of).
+enum class FuseUsers { kThisUserNamespace, kMountersIds };
+
 // Supervisor: mounts the image read-only at /image. For a squashfs image, `fuse_fd` is an open
 // /dev/fuse whose server must be started right after (requests block until it answers).
-void mount_image(const ImageSource& image, int fuse_fd, const IdMapping& ids);
+void mount_image(const ImageSource& image, int fuse_fd, const IdMapping& ids,
+                 FuseUsers users = FuseUsers::kThisUserNamespace);
 
 // Supervisor, once the image server runs: binds the unpacked files at `tree` (a host path) at
 // /hot, read-only, if it is still the directory open at `tree_fd`, and mounts the image's view

@@ -27,8 +27,9 @@ ScopedSignalBlock::~ScopedSignalBlock() {
     (void)::sigprocmask(SIG_SETMASK, &previous_, nullptr);
 }
 
-std::optional<siginfo_t> wait_for_signal(std::optional<long> timeout_ms) {
+std::optional<siginfo_t> wait_for_signal(std::optional<long> timeout_ms, int also) {
     sigset_t set = pipeline_signals();
+    if (also != 0) sigaddset(&set, also);
     siginfo_t info{};
     for (;;) {
         int sig;

@@ -27,8 +27,8 @@ class ScopedSignalBlock {
     sigset_t previous_{};
 };
 
-// Waits for one of pipeline_signals(); with a timeout in milliseconds, returns nullopt when it
-// expires. EINTR is retried.
-std::optional<siginfo_t> wait_for_signal(std::optional<long> timeout_ms);
+// Waits for one of pipeline_signals() (and `also`, if not 0, blocked by the caller); with a
+// timeout in milliseconds, returns nullopt when it expires. EINTR is retried.
+std::optional<siginfo_t> wait_for_signal(std::optional<long> timeout_ms, int also = 0);
 
 }  // namespace sqbox

@@ -140,9 +140,14 @@ void leave_process_group() {
 }
 
 std::vector<int> descriptors_of(const SupervisorContext& context) {
-    return {context.image->file.get(),       context.report.get(),
-            context.init_channel.get(),      context.learn_records.get(),
-            context.unpacked_files.fd.get(), diagnostics_fd()};
+    return {context.image->file.get(),
+            context.report.get(),
+            context.init_channel.get(),
+            context.learn_records.get(),
+            context.unpacked_files.fd.get(),
+            context.shared_image.mount.get(),
+            context.shared_image.connection.get(),
+            diagnostics_fd()};
 }
 
 InitChannels make_init_channels() {
@@ -194,20 +199,21 @@ void tell_init_image_ready(UniqueFd& image_ready) {
 }
 
 SandboxEnd watch_sandbox(ChildProcess& init, ChildProcess& server, Clock::time_point started,
-                         std::optional<double> timeout_seconds) {
+                         std::optional<double> timeout_seconds, int shared_server) {
     std::optional<Clock::time_point> deadline;
     if (timeout_seconds) {
         deadline = started + std::chrono::duration_cast<Clock::duration>(
                                  std::chrono::duration<double>(*timeout_seconds));
     }
     SandboxEnd end;
+    end.shared_server = shared_server;
     while (init.running()) {
         std::optional<long> wait_ms;
         if (deadline && !end.timed_out) {
             wait_ms =
                 std::chrono::ceil<std::chrono::milliseconds>(*deadline - Clock::now()).count();
         }
-        std::optional<siginfo_t> info = wait_for_signal(wait_ms);
+        std::optional<siginfo_t> info = wait_for_signal(wait_ms, shared_server >= 0 ? SIGIO : 0);
         if (!info) {
             end.timed_out = true;
             init.send(SIGKILL);  // the kernel then kills every process of the pid namespace
@@ -225,6 +231,13 @@ SandboxEnd watch_sandbox(ChildProcess& init, ChildProcess& server, Clock::time_p
                 init.send(SIGKILL);
             }
         }
+        if (shared_server >= 0 && !end.server_died) {
+            if (const std::optional<int> status = shared_server_death(shared_server, 0)) {
+                end.server_died = true;
+                end.server_wait_status = *status;
+                init.send(SIGKILL);
+            }
+        }
     }
     if (server.running()) end.server = &server;
     return end;
@@ -236,6 +249,9 @@ StageReport final_report(int init_report_fd, const SandboxEnd& end, Clock::time_
     const bool reported = receive_last_report(init_report_fd, report) && !report.only_started();
     std::optional<int> server_status;
     if (end.server_died) server_status = end.server_wait_status;
+    if (!server_status && end.shared_server >= 0) {
+        server_status = shared_server_death_at_end(end.shared_server);
+    }
     if (!server_status && reported && report.image_server_lost != 0 && end.server != nullptr) {
         // Init found the image's connection gone: the server has died or is dying.
         server_status = wait_for_lost_server(*end.server);

@@ -14,6 +14,7 @@
 #include "image/squashfs_server.h"
 #include "runtime/init.h"
 #include "runtime/sandbox_plan.h"
+#include "runtime/shared_image.h"
 #include "runtime/stage_report.h"
 #include "runtime/user_namespace.h"
 #include "util/files.h"
@@ -61,6 +62,8 @@ struct SupervisorContext {
     // A learning run: the memory file the image server appends its records to.
     UniqueFd learn_records;
     UnpackedFilesHandle unpacked_files;  // the image's unpacked files, bound above it
+    // Instead of a server of its own: the shared image server's (runtime/shared_image.h).
+    SharedImage shared_image;
 };
 
 // Out of the caller's process group: terminal signals reach only the launcher.
@@ -106,13 +109,15 @@ struct SandboxEnd {
     int server_wait_status = 0;  // when server_died
     // The image server, if it was still running when init ended (final_report may wait for it).
     ChildProcess* server = nullptr;
+    int shared_server = -1;  // the connection to the shared image server, if it serves the image
 };
 
-// Until init is gone: kills the sandbox at its deadline or when the image server dies, and passes
-// the launcher's forwarded signals to init.
+// Until init is gone: kills the sandbox at its deadline or when the image server (its own, or the
+// shared one on `shared_server`, -1 if none) dies, and passes the launcher's forwarded signals to
+// init.
 SandboxEnd watch_sandbox(ChildProcess& init, ChildProcess& server,
                          std::chrono::steady_clock::time_point started,
-                         std::optional<double> timeout_seconds);
+                         std::optional<double> timeout_seconds, int shared_server = -1);
 
 // "the image server died of signal 11 (Segmentation fault); the image may be corrupt", from its
 // wait status.

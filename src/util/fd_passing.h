@@ -27,6 +27,7 @@ enum class MessageTag : char {
     kSignal = 'k',    // server -> serve supervisor: signal a sandbox
     kReady = 'w',     // serve supervisor -> server: the image is mounted
     kReport = 'r',    // serve supervisor -> server: a sandbox has ended
+    kImageMount = 'm',  // launcher <-> shared image server: its image's identity; the mount
 };
 
 struct FdMessage {

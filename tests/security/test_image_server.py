@@ -26,6 +26,9 @@ from host_processes import children  # noqa: E402
 
 # RLIMIT_DATA of the server (runtime/image_server_confinement.h).
 SERVER_DATA_LIMIT = 1 << 30
+# A server of the sandbox's own, below its supervisor (test_shared_image_server.py has the
+# shared one's tests).
+OWN_SERVER = ["--image-server-idle", "0"]
 
 
 def status_fields(pid):
@@ -60,7 +63,7 @@ def mount_points(pid):
 
 def test_the_running_image_server_holds_nothing_a_parser_bug_could_use(box):
     sandbox = subprocess.Popen(box.argv(box.python_image, ["sh", "-c", "echo ready; read x; true",
-                                                           box.marker]),
+                                                           box.marker], OWN_SERVER),
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     try:
@@ -183,8 +186,9 @@ def test_corrupted_images_end_in_one_line_never_a_hang(box, small_image_and_tool
         image = tmp_path / f"corrupted-{seed}.sqsh"
         image.write_bytes(corrupted)
         image.chmod(0o644)
+        # Each image gets a shared server of its own, gone a second after its sandbox.
         result = box.run(str(image), "/tools/busybox", "sh", "-c", WALK, box.marker,
-                         options=["--mount", f"{tools}:/tools:ro"])
+                         options=["--mount", f"{tools}:/tools:ro", "--image-server-idle", "1"])
         lines = result.stderr.splitlines()
         if result.returncode == 0:
             assert lines == [], (seed, result.stderr)
@@ -207,7 +211,7 @@ def test_a_crashed_image_server_ends_its_sandbox_with_one_line(box):
     # The payload waits in a builtin (`read` of a pipe never written): nothing of it needs the
     # image once the server is gone, so the one line is sqbox's, not the shell's.
     sandbox = subprocess.Popen(box.argv(box.python_image, ["sh", "-c", "echo ready; read x",
-                                                           box.marker]),
+                                                           box.marker], OWN_SERVER),
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     try:
@@ -239,7 +243,7 @@ def test_sandboxes_whose_init_fails_at_once_always_end(box, busybox_rootfs, tmp_
     subprocess.run(["mksquashfs", str(rootfs), str(image), "-quiet", "-no-progress"], check=True,
                    stdout=subprocess.DEVNULL, timeout=120)
     argv = box.argv(str(image), ["sh", "-c", "cat /etc/passwd; echo ran", box.marker],
-                    ["--timeout", "20"])
+                    ["--timeout", "20", *OWN_SERVER])
     for _ in range(10):
         runs = [subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True) for _ in range(4)]

@@ -62,6 +62,7 @@ SandboxConfig config_with_every_field_set() {
     config.warm_up_directory = "/cache/warm-up";
     config.use_warm_up_list = false;
     config.learn_warm_up = true;
+    config.image_server_idle_seconds = 5;
     config.verbose = true;
     config.proc_view = SandboxConfig::ProcView::kOuter;
     return config;

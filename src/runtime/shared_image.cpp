@@ -1,0 +1,446 @@
+#include "runtime/shared_image.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "runtime/mounts.h"
+#include "runtime/rootfs.h"
+#include "runtime/supervisor.h"
+#include "runtime/user_namespace.h"
+#include "util/errors.h"
+#include "util/fd_passing.h"
+#include "util/files.h"
+#include "util/process.h"
+#include "util/stable_hash.h"
+#include "util/user_directories.h"
+
+namespace sqbox {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How long a launcher waits for the server's answer: a server just started mounts first.
+constexpr int kAnswerWaitMs = 10000;
+// How long the server waits for a connected launcher's request before dropping it.
+constexpr int kRequestWaitMs = 1000;
+// How long a supervisor whose mount is lost waits for the server's word on how its image server
+// died.
+constexpr int kLostServerWaitMs = 2000;
+// Descriptors the server keeps besides its sandboxes' connections.
+constexpr rlim_t kReservedDescriptors = 16;
+
+// The directory of the caller's shared image servers: created private, and refused unless it is
+// (another user who could write there could answer in the server's place).
+UniqueFd open_servers_directory(const std::string& path) {
+    make_directories(path, 0700);
+    UniqueFd dir(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!dir) throw system_error("cannot open " + path);
+    struct stat st {};
+    if (::fstat(dir.get(), &st) != 0) throw system_error("cannot stat " + path);
+    if (st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
+        throw Error(path + " is not private to you (owner and mode 0700 expected)");
+    }
+    return dir;
+}
+
+// What a server serves: the image file as it is now, read by this sqbox binary. A different
+// file, a changed one (mtime, ctime) or another build gets a server of its own.
+std::string image_identity(const ImageSource& image) {
+    struct stat file {};
+    struct stat binary {};
+    if (::fstat(image.file.get(), &file) != 0) throw system_error("cannot stat " + image.path);
+    if (::stat("/proc/self/exe", &binary) != 0) throw system_error("cannot stat /proc/self/exe");
+    char text[256];
+    (void)std::snprintf(
+        text, sizeof text, "image %llx:%llx %lld %lld.%ld %lld.%ld sqbox %llx:%llx %lld.%ld",
+        static_cast<unsigned long long>(file.st_dev), static_cast<unsigned long long>(file.st_ino),
+        static_cast<long long>(file.st_size), static_cast<long long>(file.st_mtim.tv_sec),
+        file.st_mtim.tv_nsec, static_cast<long long>(file.st_ctim.tv_sec), file.st_ctim.tv_nsec,
+        static_cast<unsigned long long>(binary.st_dev),
+        static_cast<unsigned long long>(binary.st_ino),
+        static_cast<long long>(binary.st_mtim.tv_sec), binary.st_mtim.tv_nsec);
+    return text;
+}
+
+std::string server_name(const std::string& identity) {
+    char name[32];
+    (void)std::snprintf(name, sizeof name, "%016llx",
+                        static_cast<unsigned long long>(stable_hash(identity)));
+    return name;
+}
+
+// A socket address for `name` in the directory `dir_fd`, through /proc/self/fd: the directory's
+// own path may be longer than a socket address holds.
+sockaddr_un address_in(int dir_fd, const std::string& name) {
+    const std::string path = "/proc/self/fd/" + std::to_string(dir_fd) + "/" + name;
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    if (path.size() >= sizeof address.sun_path) throw Error("socket path too long: " + path);
+    std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
+    return address;
+}
+
+UniqueFd new_socket() {
+    UniqueFd socket(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    if (!socket) throw system_error("cannot create a socket for the shared image server");
+    return socket;
+}
+
+// A connection to the running server, or an invalid descriptor when none listens.
+UniqueFd connect_to_server(int dir_fd, const std::string& socket_name) {
+    UniqueFd connection = new_socket();
+    const sockaddr_un address = address_in(dir_fd, socket_name);
+    if (::connect(connection.get(), reinterpret_cast<const sockaddr*>(&address), sizeof address) ==
+        0) {
+        return connection;
+    }
+    if (errno == ENOENT || errno == ECONNREFUSED) return {};
+    throw system_error("cannot connect to the shared image server");
+}
+
+bool wait_readable(int fd, int timeout_ms) {
+    pollfd waiting{fd, POLLIN, 0};
+    int ready = 0;
+    do {
+        ready = ::poll(&waiting, 1, timeout_ms);
+    } while (ready < 0 && errno == EINTR);
+    return ready > 0;
+}
+
+// Asks the server on `connection` for a copy of its mount; throws Error saying why not.
+SharedImage request_mount(UniqueFd connection, const std::string& identity) {
+    send_fd_message(connection.get(), MessageTag::kImageMount, identity, {},
+                    "the request to the shared image server");
+    if (!wait_readable(connection.get(), kAnswerWaitMs)) {
+        throw Error("the shared image server did not answer in time");
+    }
+    std::optional<FdMessage> answer = receive_fd_message(connection.get());
+    if (!answer) throw Error("the shared image server hung up");
+    if (answer->tag == MessageTag::kFailed) throw Error("the shared image server: " + answer->text);
+    if (answer->tag != MessageTag::kImageMount || answer->fds.size() != 1) {
+        throw Error("unexpected answer from the shared image server");
+    }
+    // Not checked further (fstatfs would cost a round trip to the image server): the server is
+    // the caller's own process, reached through a directory private to the caller.
+    return {std::move(connection), std::move(answer->fds[0])};
+}
+
+void redirect_stdio_to_null() {
+    UniqueFd null(::open("/dev/null", O_RDWR | O_CLOEXEC));
+    if (!null) throw system_error("cannot open /dev/null");
+    for (int fd = 0; fd <= 2; ++fd) {
+        if (::dup2(null.get(), fd) < 0) throw system_error("cannot redirect stdio to /dev/null");
+    }
+}
+
+// Tells the launchers waiting on `listener` why this server cannot serve them (they serve their
+// images themselves).
+void refuse_waiting_launchers(int listener, const std::string& why) {
+    for (;;) {
+        UniqueFd connection(::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+        if (!connection) return;
+        try {
+            send_fd_message(connection.get(), MessageTag::kFailed, why, {}, "a refusal");
+        } catch (const Error&) {
+            // That launcher is gone or gets EOF instead: either way it serves its own image.
+        }
+    }
+}
+
+// The connected launcher runs as this server's user.
+bool same_user(int connection) {
+    ucred peer{};
+    socklen_t size = sizeof peer;
+    return ::getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &peer, &size) == 0 &&
+           peer.uid == ::getuid();
+}
+
+// One launcher's request: its image identity must be this server's; the answer is a fresh
+// detached copy of the image's mount, which is the launcher's to attach.
+bool answer_request(int connection, const std::string& identity) {
+    if (!same_user(connection) || !wait_readable(connection, kRequestWaitMs)) return false;
+    std::optional<FdMessage> request = receive_fd_message(connection);
+    if (!request || request->tag != MessageTag::kImageMount) return false;
+    if (request->text != identity) {
+        send_fd_message(connection, MessageTag::kFailed, "serves another image", {}, "a refusal");
+        return false;
+    }
+    UniqueFd copy = clone_mount_tree(AT_FDCWD, kImageDir, false, "the shared image mount");
+    send_fd_message(connection, MessageTag::kImageMount, "", {copy.get()}, "the image mount");
+    return true;
+}
+
+// Serves launchers until no sandbox has held the image for `idle`, or the image server is gone.
+void serve_launchers(int listener, ChildProcess& server, const std::string& identity,
+                     std::chrono::seconds idle) {
+    UniqueFd server_exit(static_cast<int>(::syscall(SYS_pidfd_open, server.pid(), 0)));
+    if (!server_exit) throw system_error("pidfd_open of the image server");
+    rlimit files{};
+    if (::getrlimit(RLIMIT_NOFILE, &files) != 0) throw system_error("getrlimit(RLIMIT_NOFILE)");
+    files.rlim_cur = files.rlim_max;
+    (void)::setrlimit(RLIMIT_NOFILE, &files);  // more sandboxes at once where it is allowed
+    const size_t max_sandboxes = files.rlim_cur > 2 * kReservedDescriptors
+                                     ? files.rlim_cur - kReservedDescriptors
+                                     : kReservedDescriptors;
+    std::vector<UniqueFd> sandboxes;
+    Clock::time_point idle_until = Clock::now() + idle;
+    for (;;) {
+        std::vector<pollfd> waiting;
+        waiting.push_back({server_exit.get(), POLLIN, 0});
+        // At the limit, new launchers wait in the backlog (and time out to serve themselves).
+        waiting.push_back({sandboxes.size() < max_sandboxes ? listener : -1, POLLIN, 0});
+        for (const UniqueFd& sandbox : sandboxes) waiting.push_back({sandbox.get(), POLLIN, 0});
+        int timeout_ms = -1;
+        if (sandboxes.empty()) {
+            timeout_ms = static_cast<int>(std::max<long long>(
+                0,
+                std::chrono::ceil<std::chrono::milliseconds>(idle_until - Clock::now()).count()));
+        }
+        const int ready = ::poll(waiting.data(), waiting.size(), timeout_ms);
+        if (ready < 0 && errno == EINTR) continue;
+        if (ready < 0) throw system_error("poll in the shared image server");
+        if (ready == 0) return;  // idle for long enough
+        if (waiting[0].revents != 0) {
+            // The image server died (a corrupt image, say): its sandboxes' supervisors end them
+            // with the same line a server of their own would give.
+            const std::string status = std::to_string(server.wait());
+            for (const UniqueFd& sandbox : sandboxes) {
+                try {
+                    send_fd_message(sandbox.get(), MessageTag::kFailed, status, {}, "the news");
+                } catch (const Error&) {
+                    // That sandbox has ended already.
+                }
+            }
+            return;
+        }
+        // A sandbox's launcher has ended (it never writes after its request).
+        for (size_t i = sandboxes.size(); i-- > 0;) {
+            if (waiting[i + 2].revents != 0) {
+                sandboxes.erase(sandboxes.begin() + static_cast<long>(i));
+            }
+        }
+        if (sandboxes.empty()) idle_until = Clock::now() + idle;
+        if (waiting[1].revents != 0) {
+            UniqueFd connection(::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC));
+            if (!connection) continue;
+            try {
+                if (answer_request(connection.get(), identity)) {
+                    sandboxes.push_back(std::move(connection));
+                }
+            } catch (const Error&) {
+                // That launcher gets EOF and serves its own image.
+            }
+        }
+    }
+}
+
+// The server's process: in a user and mount namespace of its own, it mounts the image, forks the
+// confined image server (as a sandbox's supervisor does), and hands out copies of the mount.
+[[noreturn]] void run_shared_server(const ImageSource& image, const UniqueFd& listener,
+                                    const UniqueFd& dir, const std::string& socket_name,
+                                    const std::string& identity, const IdMapping& ids,
+                                    std::chrono::seconds idle) {
+    std::string why = "did not start";
+    try {
+        (void)::prctl(PR_SET_NAME, "sqbox-image");
+        write_own_id_maps(ids);
+        if (::prctl(PR_SET_DUMPABLE, 0) != 0) throw system_error("prctl(PR_SET_DUMPABLE)");
+        if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) throw system_error("no_new_privs");
+        UniqueFd fuse(::open("/dev/fuse", O_RDWR | O_CLOEXEC));
+        if (!fuse) throw system_error("cannot open /dev/fuse");
+        enter_scratch_root();
+        mount_image(image, fuse.get(), ids, FuseUsers::kMountersIds);
+        ChildProcess server =
+            start_image_server(image, fuse.get(), ids, {listener.get()}, -1, nullptr);
+        fuse.reset();  // the server's now
+        serve_launchers(listener.get(), server, identity, idle);
+        // Unlinked while this process still holds the lock: the next server binds a new one.
+        (void)::unlinkat(dir.get(), socket_name.c_str(), 0);  // gone already: nothing to do
+        ::_exit(0);  // the image server dies with this process
+    } catch (const Error& e) {
+        why = e.what();
+    }
+    (void)::unlinkat(dir.get(), socket_name.c_str(), 0);
+    refuse_waiting_launchers(listener.get(), why);
+    ::_exit(kExitSqboxFailure);
+}
+
+// The descriptors `sqbox image-server` starts with.
+constexpr int kImageFd = 3;
+constexpr int kListenerFd = 4;
+constexpr int kLockFd = 5;
+constexpr int kDirectoryFd = 6;
+
+// In the child that becomes `sqbox image-server`: `fds` at their numbers above, everything else
+// closed, stdio on /dev/null, its own session, no environment. An exec rather than the launcher's
+// forked memory: the server holds nothing of this run (its command, environment, config), and
+// its command line names no sandbox's.
+[[noreturn]] void exec_shared_server(const std::vector<int>& fds, const std::string& socket_name,
+                                     unsigned idle_seconds) {
+    try {
+        (void)::setsid();
+        redirect_stdio_to_null();
+        std::vector<UniqueFd> high;  // first out of the way of the numbers they go to
+        for (int fd : fds) {
+            high.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 16));
+            if (!high.back()) throw system_error("dup");
+        }
+        for (size_t i = 0; i < high.size(); ++i) {
+            if (::dup2(high[i].get(), kImageFd + static_cast<int>(i)) < 0) {
+                throw system_error("dup2");
+            }
+        }
+        high.clear();
+        close_fds_except({kImageFd, kListenerFd, kLockFd, kDirectoryFd});
+        const std::string idle = std::to_string(idle_seconds);
+        const char* argv[] = {"sqbox",  "image-server", "--socket", socket_name.c_str(),
+                              "--idle", idle.c_str(),   nullptr};
+        const char* envp[] = {nullptr};
+        ::execve("/proc/self/exe", const_cast<char* const*>(argv), const_cast<char* const*>(envp));
+    } catch (const Error&) {
+        // Below: the launcher finds nobody listening and serves its image itself.
+    }
+    ::_exit(kExitSqboxFailure);
+}
+
+// Starts the server listening on `socket_name` in `dir_fd`, detached from the caller: it outlives
+// this run. `lock` (held by the server for its life) makes it the only one for the image.
+void start_shared_server(const ImageSource& image, const SandboxConfig& config, int dir_fd,
+                         const std::string& socket_name, const UniqueFd& lock) {
+    if (::unlinkat(dir_fd, socket_name.c_str(), 0) != 0 && errno != ENOENT) {
+        throw system_error("cannot remove the stale socket " + socket_name);
+    }
+    UniqueFd listener = new_socket();
+    const sockaddr_un address = address_in(dir_fd, socket_name);
+    if (::bind(listener.get(), reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0 ||
+        ::listen(listener.get(), 64) != 0) {
+        throw system_error("cannot listen on " + socket_name);
+    }
+    const pid_t starter = ::fork();
+    if (starter < 0) throw system_error("cannot start the shared image server");
+    if (starter == 0) {
+        exec_shared_server({image.file.get(), listener.get(), lock.get(), dir_fd}, socket_name,
+                           config.image_server_idle_seconds);
+    }
+    int status = 0;
+    while (::waitpid(starter, &status, 0) < 0 && errno == EINTR) {
+    }
+}
+
+// The mount from the server in `directory`, starting it if no other launcher is doing so. The
+// lock decides which launcher starts it (and stays with the server for its life); the others
+// connect once it listens.
+SharedImage share_from(const ImageSource& image, const SandboxConfig& config,
+                       const std::string& directory) {
+    const UniqueFd dir = open_servers_directory(directory);
+    const std::string identity = image_identity(image);
+    const std::string name = server_name(identity);
+    const std::string socket_name = name + ".socket";
+    const auto deadline = Clock::now() + std::chrono::milliseconds(kAnswerWaitMs);
+    for (;;) {
+        if (UniqueFd connection = connect_to_server(dir.get(), socket_name)) {
+            return request_mount(std::move(connection), identity);
+        }
+        if (UniqueFd lock = lock_file_within(directory + "/" + name + ".lock", 0)) {
+            // The previous server may have exited between the connect and the lock.
+            if (UniqueFd connection = connect_to_server(dir.get(), socket_name)) {
+                return request_mount(std::move(connection), identity);
+            }
+            start_shared_server(image, config, dir.get(), socket_name, lock);
+            UniqueFd connection = connect_to_server(dir.get(), socket_name);
+            if (!connection) throw Error("the shared image server did not start");
+            return request_mount(std::move(connection), identity);
+        }
+        // Another launcher is starting the server, or one is on its way out.
+        if (Clock::now() >= deadline) throw Error("no shared image server came up in time");
+        ::usleep(2000);
+    }
+}
+
+}  // namespace
+
+int serve_shared_image(const std::string& socket_name, unsigned idle_seconds) {
+    const UniqueFd listener(kListenerFd);
+    const UniqueFd lock(kLockFd);  // held until this process and the server have ended
+    const UniqueFd dir(kDirectoryFd);
+    const UniqueFd image_fd(kImageFd);
+    const ImageSource image = open_image("/proc/self/fd/" + std::to_string(kImageFd));
+    const std::string identity = image_identity(image);
+    // The caller's ids as they are: the mount's owner is the caller's uid in every namespace.
+    const IdMapping ids{::getuid(), ::getgid(), ::getuid(), ::getgid()};
+    if (clone_into_user_namespace(CLONE_NEWNS, "the shared image server") == 0) {
+        run_shared_server(image, listener, dir, socket_name, identity, ids,
+                          std::chrono::seconds(idle_seconds));
+    }
+    return 0;
+}
+
+std::optional<SharedImage> share_image(const ImageSource& image, const SandboxConfig& config) {
+    if (image.kind != ImageSource::Kind::kSquashfs || config.image_server_idle_seconds == 0) {
+        return std::nullopt;
+    }
+    const std::string cache = sqbox_cache_directory();
+    if (cache.empty()) return std::nullopt;
+    try {
+        return share_from(image, config, cache + "/image-servers");
+    } catch (const Error& e) {
+        if (config.verbose) print_error(std::string("image: serving it alone: ") + e.what());
+        return std::nullopt;
+    }
+}
+
+void signal_when_shared_server_speaks(int connection) {
+    sigset_t io;
+    sigemptyset(&io);
+    sigaddset(&io, SIGIO);
+    if (::sigprocmask(SIG_BLOCK, &io, nullptr) != 0) throw system_error("sigprocmask(SIGIO)");
+    const int flags = ::fcntl(connection, F_GETFL);
+    if (flags < 0 || ::fcntl(connection, F_SETOWN, ::getpid()) != 0 ||
+        ::fcntl(connection, F_SETFL, flags | O_ASYNC) != 0) {
+        throw system_error("cannot watch the shared image server");
+    }
+}
+
+std::optional<int> shared_server_death(int connection, int wait_ms) {
+    if (!wait_readable(connection, wait_ms)) return std::nullopt;
+    const std::optional<FdMessage> news = receive_fd_message(connection);
+    if (news && news->tag == MessageTag::kFailed && !news->text.empty() &&
+        news->text.find_first_not_of("0123456789") == std::string::npos && news->text.size() < 10) {
+        return std::stoi(news->text);
+    }
+    return SIGKILL;  // a wait status: the server is gone, how it ended unknown
+}
+
+std::optional<int> shared_server_death_at_end(int connection) {
+    // A payload that failed on the lost mount may end before the server's word arrives; the
+    // mount itself says whether there is one to wait for.
+    struct statfs fs {};
+    const bool lost = ::statfs(kImageDir, &fs) != 0 && (errno == ENOTCONN || errno == ECONNABORTED);
+    return shared_server_death(connection, lost ? kLostServerWaitMs : 0);
+}
+
+void attach_shared_image(UniqueFd mount) {
+    enter_scratch_root();
+    attach_mount_at(mount.get(), kImageDir, "the shared image mount");
+}
+
+}  // namespace sqbox

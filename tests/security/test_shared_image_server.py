@@ -1,0 +1,279 @@
+"""The shared image server (SECURITY.md, "The shared image server"): one server per user and
+image that outlives a sandbox. Each test gives sqbox a cache directory of its own, so it starts
+the server it looks at, and attacks a promise: sandboxes of an image share one mount and nothing
+one payload does changes what the next sees; its parser is confined as a sandbox's own; only the
+caller reaches it; a crash ends its sandboxes with one line; after the idle time nothing is left.
+"""
+import json
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from escape_support import GRACE, SANDBOX_TIMEOUT
+from test_image_server import SERVER_DATA_LIMIT, mount_points, status_fields
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "support"))
+
+from host_mounts import fuse_connections, new_fuse_connections  # noqa: E402
+from host_processes import children  # noqa: E402
+
+UNPRIVILEGED_USER = "sqbox-test"
+
+
+@pytest.fixture
+def cache():
+    """A cache directory of the test's own: its sqbox runs start (and find) their own server.
+    Directly in /tmp, so another user can be shown the way to it."""
+    directory = Path(tempfile.mkdtemp(prefix="sqbox-image-servers-test-", dir="/tmp"))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def environment(cache, idle=None):
+    env = dict(os.environ, SQBOX_CACHE_DIR=str(cache))
+    env.pop("SQBOX_IMAGE_SERVER_IDLE", None)
+    if idle is not None:
+        env["SQBOX_IMAGE_SERVER_IDLE"] = str(idle)
+    return env
+
+
+def run_json(box, cache, image, command, tmp_path, idle=None, options=()):
+    record = tmp_path / f"result-{time.monotonic_ns()}.json"
+    result = box.run(image, *command, options=["--json", str(record), *options],
+                     env=environment(cache, idle))
+    return result, json.loads(record.read_text())
+
+
+def shared_servers(cache):
+    """(server, its confined image server) of each shared server whose socket is in `cache`."""
+    sockets = {p.name for p in (cache / "image-servers").glob("*.socket")}
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            ppid = int(status_fields(entry)["PPid"])
+        except (OSError, KeyError):
+            continue
+        if argv[1:3] == [b"image-server", b"--socket"] and argv[3].decode() in sockets:
+            # The server and the confined parser it forked carry the same command line.
+            if argv[:4] != _command_line(ppid)[:4]:
+                found.append((int(entry), children(int(entry))))
+    return found
+
+
+def _command_line(pid):
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
+def wait_for(predicate, seconds):
+    deadline = time.monotonic() + seconds
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return predicate()
+
+
+def test_sandboxes_of_an_image_share_one_server_which_leaves_nothing_after_its_idle_time(
+        box, cache, tmp_path):
+    connections_before = fuse_connections()
+    first, first_record = run_json(box, cache, box.busybox_image, ["md5sum", "/bin/busybox"],
+                                   tmp_path, idle=2)
+    assert first.returncode == 0, first.stderr
+    assert first_record["image_access"] == "shared"
+    servers = shared_servers(cache)
+    assert len(servers) == 1 and len(servers[0][1]) == 1, servers
+    second, second_record = run_json(box, cache, box.busybox_image, ["md5sum", "/bin/busybox"],
+                                     tmp_path, idle=2)
+    assert second.returncode == 0 and second_record["image_access"] == "shared"
+    assert shared_servers(cache) == servers  # the same server, not a second one
+    assert second.stdout == first.stdout
+    # Idle for 2 s: the server, its parser, its socket and its FUSE connection go.
+    pids = [servers[0][0], *servers[0][1]]
+    assert wait_for(lambda: not any(Path(f"/proc/{p}").exists() for p in pids), 15), pids
+    assert list((cache / "image-servers").glob("*.socket")) == []
+    assert new_fuse_connections(connections_before) == []
+    # --image-server-idle 0: a server of the sandbox's own, none left running.
+    own, own_record = run_json(box, cache, box.busybox_image, ["true"], tmp_path,
+                               options=["--image-server-idle", "0"])
+    assert own.returncode == 0 and own_record["image_access"] == "fuse"
+    assert shared_servers(cache) == []
+
+
+def test_the_shared_servers_parser_is_confined_like_a_sandboxs_own(box, cache, tmp_path):
+    result, record = run_json(box, cache, box.busybox_image, ["true"], tmp_path, idle=30)
+    assert result.returncode == 0 and record["image_access"] == "shared", result.stderr
+    [(server, [parser])] = shared_servers(cache)
+    try:
+        for task in os.listdir(f"/proc/{parser}/task"):
+            status = status_fields(f"{parser}/task/{task}")
+            for capability_set in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+                assert int(status[capability_set], 16) == 0, (task, capability_set, status)
+            assert status["NoNewPrivs"] == "1" and status["Seccomp"] == "2", status
+        limits = {line[:26].strip(): line[26:].split()[:2]
+                  for line in Path(f"/proc/{parser}/limits").read_text().splitlines()[1:]}
+        assert limits["Max data size"] == [str(SERVER_DATA_LIMIT)] * 2, limits
+        mounts = mount_points(parser)
+        assert [m[0] for m in mounts] == ["/", "/image"], mounts
+        assert mounts[1][1] == "fuse.sqbox" and "ro" in mounts[1][3], mounts
+        # The server itself: no new privileges, not dumpable (the caller's own processes cannot
+        # look into it unless root), stdio on /dev/null, a session of its own, no environment.
+        status = status_fields(server)
+        assert status["NoNewPrivs"] == "1", status
+        assert os.getsid(server) != os.getsid(0)
+        if os.geteuid() == 0:
+            assert Path(f"/proc/{server}/environ").read_bytes() == b""
+            for fd in (0, 1, 2):
+                assert os.readlink(f"/proc/{server}/fd/{fd}") == "/dev/null"
+        else:
+            with pytest.raises(PermissionError):
+                os.listdir(f"/proc/{server}/fd")
+    finally:
+        os.kill(server, signal.SIGTERM)
+        wait_for(lambda: not Path(f"/proc/{parser}").exists(), 10)
+
+
+# Run by one sandbox: everything a payload can try on the image, each attempt's outcome
+# printed; the next sandbox then reads what the image shows.
+TAMPER = r"""
+for f in /bin/busybox /etc/passwd /etc/group; do
+  echo tampered >> "$f"; chmod 4777 "$f"; touch -d 2001-01-01 "$f"
+done
+rm -rf /usr /sbin; mkdir /planted; ln -s / /etc/planted
+mount -o remount,rw / 2>&1; mount -t tmpfs x /bin 2>&1
+cat /bin/busybox > /dev/null; ls -lR / > /dev/null 2>&1; echo done
+"""
+# What a sandbox sees of the image: names, modes, owners, sizes, times and contents.
+VIEW = r"""
+cd / && find bin etc lib sbin usr -xdev 2>/dev/null | sort | while read -r f; do
+  stat -c '%n %f %u %g %s %Y' "$f"; done; md5sum bin/busybox etc/passwd etc/group
+"""
+
+
+def test_nothing_one_payload_does_changes_what_the_next_sandbox_sees(box, cache, tmp_path):
+    fresh, _ = run_json(box, cache, box.busybox_image, ["sh", "-c", VIEW], tmp_path,
+                        options=["--image-server-idle", "0"])
+    assert fresh.returncode == 0 and "bin/busybox" in fresh.stdout, fresh.stderr
+    before, record = run_json(box, cache, box.busybox_image, ["sh", "-c", VIEW], tmp_path,
+                              idle=30)
+    assert record["image_access"] == "shared"
+    tamper, _ = run_json(box, cache, box.busybox_image, ["sh", "-c", TAMPER], tmp_path, idle=30)
+    assert "done" in tamper.stdout, tamper.stderr
+    after, record = run_json(box, cache, box.busybox_image, ["sh", "-c", VIEW], tmp_path, idle=30)
+    assert record["image_access"] == "shared"
+    assert len(shared_servers(cache)) == 1  # all three shared it
+    assert after.stdout == before.stdout == fresh.stdout
+
+
+def test_a_payload_finds_no_way_to_the_server(box, cache, tmp_path):
+    result, record = run_json(box, cache, box.busybox_image, ["sh", "-c", (
+        "find / -xdev -type s 2>/dev/null | sed 's/^/socket: /'; "
+        "echo \"unix: $(grep -c image-servers /proc/net/unix)\"; "
+        f"ls -d {cache}/image-servers 2>&1 | sed 's/^/cache: /'; echo end")], tmp_path, idle=30)
+    assert record["image_access"] == "shared"
+    lines = result.stdout.splitlines()
+    assert lines[-1] == "end", result.stderr
+    assert [line for line in lines if line.startswith("socket: ")] == [], lines
+    assert "unix: 0" in lines, lines
+    [seen] = [line for line in lines if line.startswith("cache: ")]
+    assert "No such file" in seen, lines
+
+
+def image_identity(image, binary):
+    """The identity a launcher sends (runtime/shared_image.cpp, image_identity): anyone who can
+    stat the image and the binary can make it."""
+    f, b = os.stat(image), os.stat(os.path.realpath(binary))
+    def time_of(ns):
+        return f"{ns // 10**9}.{ns % 10**9}"
+    return (f"image {f.st_dev:x}:{f.st_ino:x} {f.st_size} {time_of(f.st_mtime_ns)} "
+            f"{time_of(f.st_ctime_ns)} sqbox {b.st_dev:x}:{b.st_ino:x} {time_of(b.st_mtime_ns)}")
+
+
+def peer_request(socket_path, user, identity):
+    """As `user`: connects to the server's socket (if it may) and sends a request; returns what
+    came back: 'refused to connect: ...', or how many descriptors the answer carried."""
+    script = (
+        "import socket, sys\n"
+        "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
+        "try:\n"
+        f"    s.connect({str(socket_path)!r})\n"
+        "except OSError as e:\n"
+        "    print('refused to connect:', e.strerror); sys.exit()\n"
+        "s.settimeout(5)\n"
+        "try:\n"
+        f"    s.sendall(b'm' + {identity.encode()!r})\n"
+        "    msg, fds, _, _ = socket.recv_fds(s, 4096, 4)\n"
+        "except OSError as e:\n"
+        "    msg, fds = b'', []\n"
+        "print('descriptors:', len(fds))\n")
+    result = subprocess.run(["runuser", "-u", user, "--", sys.executable, "-c", script],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as a second user")
+def test_another_user_gets_nothing_from_the_server(box, cache, tmp_path):
+    pwd.getpwnam(UNPRIVILEGED_USER)
+    result, record = run_json(box, cache, box.busybox_image, ["true"], tmp_path, idle=30)
+    assert record["image_access"] == "shared", result.stderr
+    [socket_path] = (cache / "image-servers").glob("*.socket")
+    # The directory is private: the other user cannot even connect.
+    os.chmod(cache, 0o755)
+    identity = image_identity(box.busybox_image, box.binary)
+    assert peer_request(socket_path, UNPRIVILEGED_USER, identity).startswith("refused to connect")
+    # Opened up by mistake: the server still answers only its own user.
+    os.chmod(cache / "image-servers", 0o777)
+    os.chmod(socket_path, 0o777)
+    assert peer_request(socket_path, "root", identity) == "descriptors: 1"  # the request is right
+    assert peer_request(socket_path, UNPRIVILEGED_USER, identity) == "descriptors: 0"
+    # And a directory that is not private is not used again: the next sandbox serves itself.
+    again, record = run_json(box, cache, box.busybox_image, ["true"], tmp_path, idle=30,
+                             options=["--verbose"])
+    assert again.returncode == 0 and record["image_access"] == "fuse"
+    assert "is not private to you" in again.stderr
+
+
+def test_a_crash_of_the_shared_parser_ends_its_sandboxes_with_one_line(box, cache, tmp_path):
+    connections_before = fuse_connections()
+    env = environment(cache, idle=30)
+    sandboxes = [subprocess.Popen(box.argv(box.python_image, ["sh", "-c", "echo ready; read x",
+                                                              box.marker]),
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    try:
+        for sandbox in sandboxes:
+            assert sandbox.stdout.readline() == "ready\n"
+        [(server, [parser])] = shared_servers(cache)
+        os.kill(parser, signal.SIGSEGV)
+        for sandbox in sandboxes:
+            sandbox.wait(timeout=SANDBOX_TIMEOUT + GRACE)
+            stderr = sandbox.stderr.read()
+            assert sandbox.returncode == 125, stderr
+            assert stderr.splitlines() == ["sqbox: the image server died of signal 11 "
+                                           "(Segmentation fault); the image may be corrupt; "
+                                           "sandbox killed"], stderr
+    finally:
+        for sandbox in sandboxes:
+            if sandbox.poll() is None:
+                sandbox.kill()
+                sandbox.wait()
+    assert wait_for(lambda: not Path(f"/proc/{server}").exists(), 10)
+    # The next run starts a new server.
+    result, record = run_json(box, cache, box.python_image, ["python3", "-c", "print(1)"],
+                              tmp_path, idle=1)
+    assert result.returncode == 0 and result.stdout == "1\n", result.stderr
+    assert record["image_access"] == "shared"
+    assert wait_for(lambda: shared_servers(cache) == [], 10)
+    assert new_fuse_connections(connections_before) == []
