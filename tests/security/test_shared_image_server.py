@@ -33,9 +33,13 @@ def cache():
     """A cache directory of the test's own: its sqbox runs start (and find) their own server.
     Directly in /tmp, so another user can be shown the way to it."""
     directory = Path(tempfile.mkdtemp(prefix="sqbox-image-servers-test-", dir="/tmp"))
+    # Servers of earlier tests (other caches) may serve the same image under the same name.
+    _EARLIER[directory] = {pid for pid, _ in _image_servers()}
     yield directory
     shutil.rmtree(directory, ignore_errors=True)
 
+
+_EARLIER = {}
 
 def environment(cache, idle=None):
     env = dict(os.environ, SQBOX_CACHE_DIR=str(cache))
@@ -53,8 +57,14 @@ def run_json(box, cache, image, command, tmp_path, idle=None, options=()):
 
 
 def shared_servers(cache):
-    """(server, its confined image server) of each shared server whose socket is in `cache`."""
+    """(server, its confined image server) of each shared server whose socket is in `cache`:
+    one started since the test began, with a socket of that name there."""
     sockets = {p.name for p in (cache / "image-servers").glob("*.socket")}
+    return [(pid, kids) for pid, kids in _image_servers(sockets)
+            if pid not in _EARLIER.get(cache, set())]
+
+
+def _image_servers(sockets=None):
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -64,7 +74,8 @@ def shared_servers(cache):
             ppid = int(status_fields(entry)["PPid"])
         except (OSError, KeyError):
             continue
-        if argv[1:3] == [b"image-server", b"--socket"] and argv[3].decode() in sockets:
+        if argv[1:3] == [b"image-server", b"--socket"] and (
+                sockets is None or argv[3].decode() in sockets):
             # The server and the confined parser it forked carry the same command line.
             if argv[:4] != _command_line(ppid)[:4]:
                 found.append((int(entry), children(int(entry))))
