@@ -8,6 +8,7 @@ only, and runs on Python 3.8 to 3.13.
 import ast
 import base64
 import builtins
+import codecs
 import fcntl
 import json
 import linecache
@@ -93,6 +94,160 @@ def _size(req, name, default):
         raise Failure("BadRequest", "%r must be a non-negative integer" % name)
     return value
 
+class OutputStream:
+    """Sends what a running exec writes to its capture files as `output` events (PROTOCOL.md,
+    "Streaming output"), from a thread of its own while the code runs, up to the exec's output
+    limit. The files stay the capture: the result still carries the whole output. When the
+    server stops reading (its client is behind), send() blocks this thread, not the code."""
+
+    INTERVAL = 0.02  # seconds between looks at the files
+    CHUNK = 64 << 10  # bytes per event at most
+
+    def __init__(self, driver, files, limit):
+        self.driver, self.files, self.limit = driver, files, limit
+        self.offsets = [0] * len(files)
+        self.decoders = [codecs.getincrementaldecoder("utf-8")("replace") for _ in files]
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="sqbox-output", daemon=True)
+
+    def start(self):
+        self.thread.start()
+
+    def stop(self):
+        self.done.set()
+        if self.thread.is_alive():
+            self.thread.join()
+
+    def finish(self):
+        """After the code: the thread stops, and what it has not sent yet goes now."""
+        self.stop()
+        self._send_new(final=True)
+
+    def _watch(self):
+        while not self.done.wait(self.INTERVAL):
+            self._send_new()
+
+    def _send_new(self, final=False):
+        for index, name in enumerate(("stdout", "stderr")):
+            fd, decoder = self.files[index], self.decoders[index]
+            end = min(os.fstat(fd).st_size, self.limit)
+            while self.offsets[index] < end:
+                chunk = os.pread(fd, min(self.CHUNK, end - self.offsets[index]),
+                                 self.offsets[index])
+                if not chunk:
+                    break
+                self.offsets[index] += len(chunk)
+                self._send(name, decoder.decode(chunk))
+            if final:
+                self._send(name, decoder.decode(b"", True))
+
+    def _send(self, name, text):
+        if text:
+            self.driver.send({"event": "output", "seq": self.driver.seq, "stream": name,
+                              "data": text})
+
+
+class BackgroundProcess:
+    __slots__ = ("popen", "files", "offsets", "decoders")
+
+    def __init__(self, popen, files):
+        self.popen, self.files, self.offsets = popen, files, [0] * len(files)
+        self.decoders = [codecs.getincrementaldecoder("utf-8")("replace") for _ in files]
+
+
+class BackgroundProcesses:
+    """Commands started beside the interpreter (PROTOCOL.md, "Background processes"), each in a
+    process group of its own, stdin from /dev/null, stdout and stderr into unlinked files of the
+    sandbox's temporary directory (so a process nobody reads never blocks). They die with the
+    sandbox: the session's end kills every process in it."""
+
+    MAX = 1024  # processes started in one session's life
+
+    def __init__(self):
+        self.table, self.started = {}, 0
+
+    def get(self, req):
+        process = self.table.get(_field(req, "process", str))
+        if process is None:
+            raise Failure("NoSuchProcess", "no background process %r" % req.get("process"))
+        return process
+
+    def start(self, driver, req):
+        import subprocess  # here: most sessions never start a process
+        command = _field(req, "command", list)
+        if not command or not all(isinstance(part, str) for part in command):
+            raise Failure("BadRequest", "'command' must be a non-empty list of strings")
+        env = req.get("env") or {}
+        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                for k, v in env.items()):
+            raise Failure("BadRequest", "'env' must map strings to strings")
+        workdir = req.get("workdir")
+        if workdir is not None and not isinstance(workdir, str):
+            raise Failure("BadRequest", "'workdir' must be a string")
+        if self.started >= self.MAX:
+            raise Failure("TooMany", "a session starts at most %d background processes" % self.MAX)
+        files = []
+        try:
+            for _ in range(2):
+                fd, path = tempfile.mkstemp(prefix="sqbox-process-", dir=driver.tmpdir)
+                files.append(fd)
+                os.unlink(path)
+            popen = subprocess.Popen(command, stdin=driver.devnull, stdout=files[0],
+                                     stderr=files[1], env=dict(os.environ, **env), cwd=workdir,
+                                     start_new_session=True)
+        except BaseException:
+            for fd in files:
+                os.close(fd)
+            raise
+        self.started += 1
+        name = "p%d" % self.started
+        self.table[name] = BackgroundProcess(popen, files)
+        return {"ok": True, "process": name, "pid": popen.pid}
+
+    @staticmethod
+    def status(process):
+        code = process.popen.poll()
+        if code is None:
+            return {"running": True, "exit_code": None, "signal": None}
+        if code < 0:  # as sqbox run reports a signal: 128 + N
+            return {"running": False, "exit_code": 128 - code, "signal": -code}
+        return {"running": False, "exit_code": code, "signal": None}
+
+    def read(self, req):
+        process, limit = self.get(req), _size(req, "limit", OUTPUT_LIMIT)
+        result = dict(self.status(process), ok=True)  # first: all it wrote before it ended
+        for index, name in enumerate(("stdout", "stderr")):
+            fd, start = process.files[index], process.offsets[index]
+            size = os.fstat(fd).st_size
+            chunk = os.pread(fd, min(limit, max(0, size - start)), start) if size > start else b""
+            process.offsets[index] += len(chunk)
+            ended = not result["running"] and process.offsets[index] >= size
+            result[name] = process.decoders[index].decode(chunk, ended)
+            result[name + "_pending"] = max(0, size - process.offsets[index])
+        return result
+
+    def wait(self, req):
+        import subprocess
+        process, timeout = self.get(req), req.get("timeout")
+        if timeout is not None and (not isinstance(timeout, (int, float))
+                                    or isinstance(timeout, bool) or timeout < 0):
+            raise Failure("BadRequest", "'timeout' must be a non-negative number")
+        try:
+            process.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        return dict(self.status(process), ok=True)
+
+    def kill(self, req):
+        process, number = self.get(req), req.get("signal", signal.SIGKILL)
+        if not isinstance(number, int) or isinstance(number, bool):
+            raise Failure("BadRequest", "'signal' must be a signal number")
+        try:  # the whole group, also once its leader has ended: a shell's children too
+            os.killpg(process.popen.pid, number)
+        except ProcessLookupError:
+            pass
+        return dict(self.status(process), ok=True)
+
 
 class Driver:
     def __init__(self):
@@ -118,6 +273,9 @@ class Driver:
         # request being served into its result and tool calls: the server takes nothing else
         # (PROTOCOL.md). Requests that arrive while code waits for a tool wait in `deferred`.
         self.token, self.seq, self.deferred = None, None, []
+        # An exec's OutputStream thread sends too: one line at a time on the channel.
+        self.send_lock = threading.Lock()
+        self.processes = BackgroundProcesses()
         self.tmpdir = tempfile.gettempdir()
         self.tools = Tools(self._call_tool)
         module = types.ModuleType("sqbox_tools", "Host tools of this sqbox session.")
@@ -162,8 +320,9 @@ class Driver:
         obj = dict(obj, token=self.token)
         view = memoryview(json.dumps(obj, ensure_ascii=False).encode("utf-8", "replace") + b"\n")
         try:
-            while view:
-                view = view[os.write(self.proto_out, view):]
+            with self.send_lock:
+                while view:
+                    view = view[os.write(self.proto_out, view):]
         except OSError:  # the server is gone
             os._exit(0)
 
@@ -261,24 +420,31 @@ class Driver:
         # Tracebacks and inspect find the code's lines here, also for functions called by later
         # execs; an mtime of None keeps linecache.checkcache from dropping the entry.
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-        files = []
+        stream = req.get("stream") is True
+        files, streamer = [], None
         try:
             for _ in range(2):
                 fd, path = tempfile.mkstemp(prefix="sqbox-exec-", dir=self.tmpdir)
                 files.append(fd)
                 os.unlink(path)
-            value, error = self._run(code, filename, files)
+            if stream:
+                streamer = OutputStream(self, files, limit)
+            value, error = self._run(code, filename, files, streamer)
             if os.getpid() != self.pid:  # a fork of user code that returned: it is not the driver
                 os._exit(1 if error else 0)
+            if streamer is not None:
+                streamer.finish()  # every output event goes before the result
             (stdout, stdout_cut), (stderr, stderr_cut) = [self._captured(fd, limit) for fd in files]
         finally:
+            if streamer is not None:
+                streamer.stop()  # before its files close
             for fd in files:
                 os.close(fd)
         # timed_out: the driver cannot tell; the server, which sent the SIGINT, sets it.
         return {"ok": True, "stdout": stdout, "stderr": stderr, "stdout_truncated": stdout_cut,
                 "stderr_truncated": stderr_cut, "value": value, "error": error, "timed_out": False}
 
-    def _run(self, code, filename, files):
+    def _run(self, code, filename, files, streamer=None):
         self._flush()
         os.dup2(self.devnull, 0)  # in case user code closed or replaced it
         os.dup2(files[0], 1)
@@ -288,6 +454,8 @@ class Driver:
                                        closefd=False) for fd in (1, 2)]
         self.fired = self.missed = False
         self.running = True
+        if streamer is not None:
+            streamer.start()
         value = error = None
         try:
             # The nesting makes the mode IDLE before anything reports: a SIGINT that lands as the
@@ -394,6 +562,12 @@ class Driver:
         return {"ok": True}
 
     OPS = {"exec": op_exec, "put": op_put, "get": op_get, "tools": op_tools}
+    OPS.update({
+        "process_start": lambda self, req: self.processes.start(self, req),
+        "process_read": lambda self, req: self.processes.read(req),
+        "process_wait": lambda self, req: self.processes.wait(req),
+        "process_kill": lambda self, req: self.processes.kill(req),
+    })
 
     # Tool calls, made by user code: synchronous, so a tool called from code that a tool call
     # started again later simply works. Other requests that arrive meanwhile wait until the code

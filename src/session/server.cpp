@@ -25,6 +25,8 @@
 #include "runtime/user_namespace.h"
 #include "session/client_connection.h"
 #include "session/jobs.h"
+#include "session/output_events.h"
+#include "session/process_requests.h"
 #include "session/protocol_lines.h"
 #include "session/request_config.h"
 #include "session/session_driver.h"
@@ -333,7 +335,8 @@ class Server final : private SessionPort, private JobEvents {
                 jobs_.start_run(client_id, request);
             } else if (op == "session_open") {
                 open_session(client_id, request);
-            } else if (op == "exec" || op == "put" || op == "get" || op == "tools") {
+            } else if (op == "exec" || op == "put" || op == "get" || op == "tools" ||
+                       is_process_op(op)) {
                 Session& session = owned_session(client_id, request);
                 session.submit(std::move(request));  // a put's may be tens of MiB
             } else if (op == "tool_result") {
@@ -453,6 +456,13 @@ class Server final : private SessionPort, private JobEvents {
     // JobEvents: what comes of the sandboxes.
 
     void run_finished(int client_id, const json& answer) override { respond(client_id, answer); }
+
+    void run_output(int client_id, const json& event) override { respond(client_id, event); }
+
+    bool client_backlogged(int client_id) const override {
+        auto it = clients_.find(client_id);
+        return it != clients_.end() && it->second.pending_output() > kClientBacklogBytes;
+    }
 
     void session_output(const Job& job, std::string_view chunk) override {
         if (OpenSession* entry = session_of(job)) entry->state.driver_output(chunk);

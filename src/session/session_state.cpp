@@ -8,6 +8,8 @@
 #include <csignal>
 #include <exception>
 
+#include "session/output_events.h"
+#include "session/process_requests.h"
 #include "util/errors.h"
 
 namespace sqbox {
@@ -175,6 +177,9 @@ void Session::pump() {
                 limit = request.at("output_limit").get<uint64_t>();
             }
             to_driver["output_limit"] = limit;
+            if (request.contains("stream") && request.at("stream").get<bool>()) {
+                to_driver["stream"] = true;
+            }
             if (request.contains("timeout")) {
                 const double timeout = request.at("timeout").get<double>();
                 if (!(timeout > 0) || timeout > kMaxTimeoutSeconds) {
@@ -193,6 +198,8 @@ void Session::pump() {
         } else if (op == "tools") {
             tools_ = request.at("names").get<std::vector<std::string>>();
             to_driver["names"] = tools_;
+        } else if (is_process_op(op)) {
+            to_driver = process_request_for_driver(request);
         }
     } catch (const std::exception& e) {
         if (!request.value("internal", false)) {
@@ -204,6 +211,7 @@ void Session::pump() {
         return;
     }
     current_internal_ = request.value("internal", false);
+    current_streams_ = to_driver.value("stream", false);
     current_ = std::move(request);
     state_ = State::kBusy;
     interrupted_ = false;
@@ -270,7 +278,24 @@ void Session::handle_driver_message(json message) {
         tool_call(message);
     } else if (event == "result") {
         result(std::move(message));
+    } else if (event == "output") {
+        output(message);
     }
+}
+
+// Output of the running exec, as the driver reads it from the code's capture files.
+void Session::output(const json& message) {
+    if (!for_current_request(message) || current_internal_ || !current_streams_) return;
+    const auto stream = message.find("stream");
+    const auto data = message.find("data");
+    if (stream == message.end() || data == message.end() || !data->is_string() ||
+        (*stream != "stdout" && *stream != "stderr")) {
+        return;
+    }
+    json event = output_event(current_.value("id", json(nullptr)), stream->get<std::string>(),
+                              data->get_ref<const std::string&>(), false);
+    event["session"] = id_;
+    port_.answer(*this, event);
 }
 
 void Session::tool_call(const json& message) {

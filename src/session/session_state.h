@@ -114,6 +114,7 @@ class Session {
     bool for_current_request(const json& message) const;
     void handle_driver_message(json message);
     void tool_call(const json& message);
+    void output(const json& message);
     void result(json message);
     void pump();
     void died(const std::string& error);
@@ -126,6 +127,7 @@ class Session {
     std::deque<json> queue_;
     json current_;  // the request the driver is serving, null when idle
     bool current_internal_ = false;
+    bool current_streams_ = false;  // an exec that asked for its output as events
     std::optional<Clock::time_point> deadline_;
     bool interrupted_ = false;
     std::vector<std::string> tools_;
