@@ -215,7 +215,7 @@ class BackgroundProcesses:
 
     def read(self, req):
         process, limit = self.get(req), _size(req, "limit", OUTPUT_LIMIT)
-        result = dict(self.status(process), ok=True)  # first: all it wrote before it ended
+        result = dict({"ok": True}, **self.status(process))  # first: all it wrote before it ended
         for index, name in enumerate(("stdout", "stderr")):
             fd, start = process.files[index], process.offsets[index]
             size = os.fstat(fd).st_size
@@ -236,7 +236,7 @@ class BackgroundProcesses:
             process.popen.wait(timeout)
         except subprocess.TimeoutExpired:
             pass
-        return dict(self.status(process), ok=True)
+        return dict({"ok": True}, **self.status(process))
 
     def kill(self, req):
         process, number = self.get(req), req.get("signal", signal.SIGKILL)
@@ -246,7 +246,7 @@ class BackgroundProcesses:
             os.killpg(process.popen.pid, number)
         except ProcessLookupError:
             pass
-        return dict(self.status(process), ok=True)
+        return dict({"ok": True}, **self.status(process))
 
 
 class Driver:

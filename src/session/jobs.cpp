@@ -333,8 +333,8 @@ void Jobs::stream_output(Job& job, bool stdout_stream, bool ended) {
     Capture& capture = stdout_stream ? job.out : job.err;
     const std::string_view fresh = capture.streamed.next(capture.data, job.settings.binary, ended);
     if (fresh.empty()) return;
-    events_.run_output(job.client, output_event(job.id, stdout_stream ? "stdout" : "stderr",
-                                                fresh, job.settings.binary));
+    events_.run_output(job.client, output_event(job.id, stdout_stream ? "stdout" : "stderr", fresh,
+                                                job.settings.binary));
 }
 
 void Jobs::watch(const PollWatch& watch) {

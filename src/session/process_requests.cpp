@@ -10,8 +10,8 @@
 namespace sqbox {
 namespace {
 
-constexpr std::array<const char*, 4> kProcessOps = {"process_start", "process_read",
-                                                    "process_wait", "process_kill"};
+constexpr std::array<const char*, 4> kProcessOps = {"process_start", "process_read", "process_wait",
+                                                    "process_kill"};
 
 // A week, as for an exec's timeout.
 constexpr double kMaxWaitSeconds = 7 * 24 * 3600;
@@ -42,6 +42,8 @@ json process_request_for_driver(const json& request) {
     }
     message["process"] = request.at("process").get<std::string>();
     if (op == "process_read" && request.contains("limit")) {
+        // get<uint64_t> would take -1 for 2^64-1.
+        if (!request.at("limit").is_number_unsigned()) throw Error("limit: expected a byte count");
         message["limit"] = request.at("limit").get<uint64_t>();
     } else if (op == "process_wait" && request.contains("timeout")) {
         const double timeout = request.at("timeout").get<double>();

@@ -700,5 +700,92 @@ TEST_F(SessionStateTest, CloseAnswersWhatIsPendingAndRetiresTheSandbox) {
     EXPECT_EQ(port_.retires, 1);
 }
 
+// ---- streamed output and background processes ----
+
+TEST_F(SessionStateTest, AStreamingExecsOutputEventsReachTheClientBeforeItsResult) {
+    Session& session = ready_session();
+    session.submit(
+        request(R"({"id": 2, "op": "exec", "session": "s1", "code": "a", "stream": true})"));
+    EXPECT_EQ(port_.take_to_driver(),
+              Lines{R"({"op":"exec","code":"a","output_limit":1048576,"stream":true})"});
+    from_driver(R"({"event": "output", "stream": "stdout", "data": "one\n"})");
+    from_driver(R"({"event": "output", "stream": "stderr", "data": "two\n"})");
+    from_driver(R"({"event": "result", "stdout": "one\n"})");
+    EXPECT_EQ(port_.take_answers(),
+              (Lines{R"({"id":2,"event":"output","stream":"stdout","data":"one\n","session":"s1"})",
+                     R"({"id":2,"event":"output","stream":"stderr","data":"two\n","session":"s1"})",
+                     R"({"stdout":"one\n","id":2,"ok":true,"timed_out":false})"}));
+}
+
+TEST_F(SessionStateTest, OutputEventsNotOfAStreamingExecAreDropped) {
+    Session& session = ready_session();
+    session.submit(request(R"({"id": 2, "op": "exec", "session": "s1", "code": "a"})"));
+    EXPECT_EQ(port_.take_to_driver(), Lines{R"({"op":"exec","code":"a","output_limit":1048576})"});
+    from_driver(R"({"event": "output", "stream": "stdout", "data": "not asked for"})");
+    from_driver(R"({"event": "result"})");
+    session.submit(
+        request(R"({"id": 3, "op": "exec", "session": "s1", "code": "b", "stream": true})"));
+    // Without the token, with another request's number, malformed: dropped.
+    from_driver(R"({"event": "output", "token": "0", "stream": "stdout", "data": "forged"})");
+    from_driver(R"({"event": "output", "seq": 1, "stream": "stdout", "data": "stale"})");
+    from_driver(R"({"event": "output", "stream": "stdin", "data": "bad stream"})");
+    from_driver(R"({"event": "output", "stream": "stdout", "data": 5})");
+    from_driver(R"({"event": "result"})");
+    EXPECT_EQ(port_.take_answers(), (Lines{R"({"id":2,"ok":true,"timed_out":false})",
+                                           R"({"id":3,"ok":true,"timed_out":false})"}));
+}
+
+TEST_F(SessionStateTest, AStreamThatIsNotABooleanIsABadRequest) {
+    Session& session = ready_session();
+    session.submit(
+        request(R"({"id": 2, "op": "exec", "session": "s1", "code": "a", "stream": "yes"})"));
+    ASSERT_EQ(port_.answers.size(), 1U);
+    EXPECT_EQ(port_.answers[0]["error"]["type"], "BadRequest");
+    EXPECT_TRUE(port_.to_driver.empty());
+}
+
+TEST_F(SessionStateTest, ProcessRequestsReachTheDriverCheckedAndInOrder) {
+    Session& session = ready_session();
+    session.submit(request(R"({"id": 2, "op": "process_start", "session": "s1",
+                              "command": ["sleep", "9"], "env": {"A": "b"}, "workdir": "/tmp",
+                              "stray": 1})"));
+    session.submit(request(R"({"id": 3, "op": "process_read", "session": "s1",
+                              "process": "p1", "limit": 10})"));
+    EXPECT_EQ(port_.take_to_driver(),
+              Lines{R"({"op":"process_start","command":["sleep","9"],"env":{"A":"b"},)"
+                    R"("workdir":"/tmp"})"});
+    from_driver(R"({"event": "result", "process": "p1"})");
+    EXPECT_EQ(port_.take_to_driver(), Lines{R"({"op":"process_read","process":"p1","limit":10})"});
+    from_driver(R"({"event": "result"})");
+    session.submit(request(R"({"id": 4, "op": "process_wait", "session": "s1", "process": "p1",
+                              "timeout": 1.5})"));
+    from_driver(R"({"event": "result"})");
+    session.submit(request(R"({"id": 5, "op": "process_kill", "session": "s1", "process": "p1",
+                              "signal": 15})"));
+    EXPECT_EQ(port_.take_to_driver(),
+              (Lines{R"({"op":"process_wait","process":"p1","timeout":1.5})",
+                     R"({"op":"process_kill","process":"p1","signal":15})"}));
+}
+
+TEST_F(SessionStateTest, MalformedProcessRequestsAreAnsweredBadRequest) {
+    Session& session = ready_session();
+    for (const char* text : {
+             R"({"id": 2, "op": "process_start", "session": "s1", "command": []})",
+             R"({"id": 2, "op": "process_start", "session": "s1", "command": "sleep 9"})",
+             R"({"id": 2, "op": "process_start", "session": "s1", "command": ["a"], "env": 1})",
+             R"({"id": 2, "op": "process_read", "session": "s1"})",
+             R"({"id": 2, "op": "process_read", "session": "s1", "process": "p1", "limit": -1})",
+             R"({"id": 2, "op": "process_wait", "session": "s1", "process": "p1", "timeout": -1})",
+             R"({"id": 2, "op": "process_kill", "session": "s1", "process": "p1", "signal": 0})",
+             R"({"id": 2, "op": "process_kill", "session": "s1", "process": "p1", "signal": 99})",
+         }) {
+        session.submit(request(text));
+        ASSERT_EQ(port_.answers.size(), 1U) << text;
+        EXPECT_EQ(port_.answers[0]["error"]["type"], "BadRequest") << text;
+        port_.answers.clear();
+    }
+    EXPECT_TRUE(port_.to_driver.empty());
+}
+
 }  // namespace
 }  // namespace sqbox
