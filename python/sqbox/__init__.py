@@ -10,16 +10,20 @@ else `sqbox` on `$PATH`.
 from ._aio import AsyncSandbox, AsyncSession
 from ._binary import find_binary
 from ._errors import ProtocolError, SandboxExecError, SessionDead, SqboxError
+from ._processes import AsyncBackgroundProcess, BackgroundProcess, ProcessOutput
 from ._results import ExecError, ExecResult, Result
 from ._sync import Sandbox, Session, run
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncBackgroundProcess",
     "AsyncSandbox",
     "AsyncSession",
+    "BackgroundProcess",
     "ExecError",
     "ExecResult",
+    "ProcessOutput",
     "ProtocolError",
     "Result",
     "Sandbox",

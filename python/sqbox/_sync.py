@@ -13,6 +13,9 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence
 
 from . import _protocol as proto
+from . import _processes as processes
+from ._processes import BackgroundProcess
+from ._streaming import OutputCallback, OutputEvent, OutputSink, refuse_on_reader
 from ._binary import PathLike, find_binary
 from ._errors import SqboxError
 from ._protocol import CLOSE_TIMEOUT, Command, MountSpec, Size, Stdin, ToolsArg
@@ -106,6 +109,7 @@ class Sandbox:
         self._lock = threading.Lock()  # guards _pending, _sessions, _closed, _lost
         self._write_lock = threading.Lock()  # one request line at a time on the pipe
         self._pending: Dict[Any, "Future[Dict[str, Any]]"] = {}
+        self._sinks: Dict[Any, OutputSink] = {}  # the output callbacks of streaming requests
         self._sessions: Dict[str, Session] = {}
         self._ids = itertools.count(1)
         self._closed = False
@@ -149,14 +153,20 @@ class Sandbox:
     def run(self, cmd: Command, *, timeout: Optional[float] = None,
             memory: Optional[Size] = None, mounts: Optional[Iterable[MountSpec]] = None,
             env: Optional[Mapping[str, Any]] = None, stdin: Stdin = None,
-            output_limit: Optional[int] = None) -> Result:
+            output_limit: Optional[int] = None, on_stdout: Optional[OutputCallback] = None,
+            on_stderr: Optional[OutputCallback] = None) -> Result:
         """Run `cmd` in a fresh sandbox (the `run` op) and return its `Result`.
 
-        Arguments as for `sqbox.run`. Safe to call from many threads at once.
+        Arguments as for `sqbox.run`. `on_stdout`/`on_stderr` get the output as it is produced
+        (text chunks, up to `output_limit`), on the client's reader thread: a slow callback
+        slows the command down rather than letting output pile up; an exception it raises is
+        raised here once the command has ended. Safe to call from many threads at once.
         """
+        sink = OutputSink.wanted(on_stdout, on_stderr)
         request = self._defaults.run_request(cmd, timeout=timeout, memory=memory, mounts=mounts,
-                                             env=env, stdin=stdin, output_limit=output_limit)
-        return proto.result_from_reply(self._request(request))
+                                             env=env, stdin=stdin, output_limit=output_limit,
+                                             stream=sink is not None)
+        return proto.result_from_reply(self._request(request, sink=sink))
 
     def session(self, *, env: Optional[Mapping[str, Any]] = None,
                 mounts: Optional[Iterable[MountSpec]] = None, memory: Optional[Size] = None,
@@ -230,20 +240,27 @@ class Sandbox:
     # -- plumbing -----------------------------------------------------------------------------
 
     def _request(self, message: Dict[str, Any], timeout: Optional[float] = None,
-                 ) -> Dict[str, Any]:
-        """Send one request and wait for the reply with its id."""
+                 sink: Optional[OutputSink] = None) -> Dict[str, Any]:
+        """Send one request and wait for the reply with its id; its output events, if it asked
+        for them, go to `sink` meanwhile."""
+        refuse_on_reader(threading.current_thread() is self._reader)
         future: "Future[Dict[str, Any]]" = Future()
         with self._lock:
             self._check_usable()
             request_id = next(self._ids)
             self._pending[request_id] = future
+            if sink is not None:
+                self._sinks[request_id] = sink
         message = dict(message, id=request_id)
         try:
             try:
                 self._send(proto.encode(message))
             except SqboxError as send_error:
                 return self._reply_after_failed_send(future, send_error)
-            return future.result(timeout)
+            reply = future.result(timeout)
+            if sink is not None:
+                sink.finish()
+            return reply
         except FutureTimeout:
             raise SqboxError(f"no reply to {message['op']!r} within {timeout} s",
                              stderr=self._stderr_text()) from None
@@ -251,6 +268,7 @@ class Sandbox:
             # Answered, the reader already took it out; else nobody will answer it now.
             with self._lock:
                 self._pending.pop(request_id, None)
+                self._sinks.pop(request_id, None)
 
     @staticmethod
     def _reply_after_failed_send(future: "Future[Dict[str, Any]]",
@@ -285,6 +303,11 @@ class Sandbox:
                 item = proto.classify(line)
                 if isinstance(item, proto.ToolCall):
                     self._dispatch_tool_call(item)
+                elif isinstance(item, OutputEvent):
+                    with self._lock:
+                        sink = self._sinks.get(item.id)
+                    if sink is not None:
+                        sink.feed(item)  # here, on the reader: a slow callback holds the output
                 elif isinstance(item, proto.Reply):
                     with self._lock:
                         future = self._pending.pop(item.id, None)
@@ -367,15 +390,29 @@ class Session:
         """The registered tools, by name (a copy)."""
         return dict(self._tools)
 
-    def execute(self, code: str, *, timeout: Optional[float] = None) -> ExecResult:
+    def execute(self, code: str, *, timeout: Optional[float] = None,
+                on_stdout: Optional[OutputCallback] = None,
+                on_stderr: Optional[OutputCallback] = None) -> ExecResult:
         """Run `code` in the session's persistent namespace and return its `ExecResult`.
 
         An exception in the code is reported in `.error` (see `raise_for_error()`); on timeout
         the code is interrupted and `.timed_out` is set. Raises `SessionDead` if the
-        interpreter died (then `reset()` it).
+        interpreter died (then `reset()` it). `on_stdout`/`on_stderr` get the output while the
+        code runs, as for `Sandbox.run`.
         """
-        reply = self._call(proto.exec_request(self._id, code, proto.pick(timeout, self._timeout)))
+        sink = OutputSink.wanted(on_stdout, on_stderr)
+        reply = self._call(proto.exec_request(self._id, code, proto.pick(timeout, self._timeout),
+                                              stream=sink is not None), sink=sink)
         return proto.exec_result_from_reply(reply)
+
+    def spawn(self, cmd: Command, *, env: Optional[Mapping[str, Any]] = None,
+              cwd: Optional[str] = None) -> BackgroundProcess:
+        """Start `cmd` (argv, or a string for `sh -c`) in the background in this session's
+        sandbox; read its output, wait for it or kill it through the returned
+        `BackgroundProcess`. It ends with the session at the latest."""
+        reply = self._call(processes.start_request(self._id, cmd, env, cwd))
+        process_id, pid = processes.started(reply)
+        return BackgroundProcess(self, process_id, pid)
 
     def put(self, path: str, data: bytes) -> None:
         """Write `data` to the file `path` inside the session's sandbox (at most 64 MiB)."""
@@ -433,10 +470,11 @@ class Session:
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
 
-    def _call(self, message: Dict[str, Any]) -> Dict[str, Any]:
+    def _call(self, message: Dict[str, Any], sink: Optional[OutputSink] = None,
+              ) -> Dict[str, Any]:
         if self._closed:
             raise SqboxError(f"session {self._id} is closed")
-        return self._sandbox._request(message)
+        return self._sandbox._request(message, sink=sink)
 
     def _answer_tool_call(self, call: proto.ToolCall) -> None:
         """Runs in a tool worker thread: call the function, send back result or error."""
