@@ -267,7 +267,9 @@ class Server final : private SessionPort, private JobEvents {
 
     void check_deadlines() {
         const auto now = Clock::now();
-        for (auto& [id, entry] : sessions_) entry.state.check_deadline(now);
+        for (auto& [id, entry] : sessions_) {
+            entry.state.check_deadline(now, client_backlogged(entry.client));
+        }
     }
 
     // ---- clients ----

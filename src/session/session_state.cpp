@@ -373,10 +373,14 @@ void Session::sandbox_ended(const std::string& error) {
     died(error);
 }
 
-void Session::check_deadline(Clock::time_point now) {
+void Session::check_deadline(Clock::time_point now, bool driver_held) {
     if (!deadline_ || now < *deadline_) return;
     if (!port_.has_sandbox(*this)) {
         deadline_.reset();
+        return;
+    }
+    if (interrupted_ && driver_held) {
+        deadline_ = now + kInterruptGrace;
         return;
     }
     if (!interrupted_) {

@@ -98,7 +98,9 @@ class Session {
     // The sandbox ended; `error` is the supervisor's reason, if any.
     void sandbox_ended(const std::string& error);
     // Interrupts an exec past its timeout, and kills the sandbox once the grace has passed too.
-    void check_deadline(Clock::time_point now);
+    // `driver_held`: the server is not reading the driver (its client is behind with streamed
+    // output), so the interrupted code's answer cannot arrive yet: the grace starts again.
+    void check_deadline(Clock::time_point now, bool driver_held = false);
     // Kills the sandbox; `reason` is what the session's dead answers will say.
     void kill(const std::string& reason);
 

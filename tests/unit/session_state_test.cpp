@@ -286,6 +286,22 @@ TEST_F(SessionStateTest, CodeThatIgnoresTheInterruptHasItsSandboxKilled) {
     EXPECT_FALSE(session.has_work());
 }
 
+TEST_F(SessionStateTest, TheGraceAfterAnInterruptWaitsWhileTheDriverIsHeld) {
+    // The server reads nothing of a driver whose client is behind with streamed output: the
+    // interrupted code's answer cannot come, and the session is not killed for it.
+    Session& session = ready_session();
+    session.submit(request(R"({"id": 2, "op": "exec", "session": "s1", "code": "a",
+                              "timeout": 1, "stream": true})"));
+    const auto deadline = *session.deadline();
+    session.check_deadline(deadline, true);  // the interrupt still comes on time
+    EXPECT_EQ(port_.signals, std::vector<int>{SIGINT});
+    session.check_deadline(deadline + Session::kInterruptGrace, true);
+    EXPECT_EQ(port_.signals, std::vector<int>{SIGINT});
+    EXPECT_EQ(*session.deadline(), deadline + 2 * Session::kInterruptGrace);
+    session.check_deadline(deadline + 2 * Session::kInterruptGrace, false);
+    EXPECT_EQ(port_.signals, (std::vector<int>{SIGINT, SIGKILL}));
+}
+
 TEST_F(SessionStateTest, ADeadlineWithoutASandboxIsDropped) {
     Session& session = ready_session();
     session.submit(request(R"({"id": 2, "op": "exec", "session": "s1", "code": "a",
