@@ -2,7 +2,6 @@
 and image: chunks arrive while the command runs, and a flood printed to a slow callback grows
 neither the client's memory nor the server's (PROTOCOL.md, "Streaming output")."""
 import asyncio
-import os
 import threading
 import time
 
