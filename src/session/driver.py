@@ -434,7 +434,10 @@ class Driver:
                 os._exit(1 if error else 0)
             if streamer is not None:
                 streamer.finish()  # every output event goes before the result
-            (stdout, stdout_cut), (stderr, stderr_cut) = [self._captured(fd, limit) for fd in files]
+            # Streamed, the result holds what the events did (a child of the code may write on).
+            ends = streamer.offsets if streamer is not None else [None] * len(files)
+            (stdout, stdout_cut), (stderr, stderr_cut) = [
+                self._captured(fd, limit, end) for fd, end in zip(files, ends)]
         finally:
             if streamer is not None:
                 streamer.stop()  # before its files close
@@ -500,9 +503,9 @@ class Driver:
                 pass
 
     @staticmethod
-    def _captured(fd, limit):
+    def _captured(fd, limit, end=None):
         size = os.fstat(fd).st_size
-        want, chunks, offset = min(size, limit), [], 0
+        want, chunks, offset = min(size, limit) if end is None else end, [], 0
         while offset < want:  # pread leaves the offset, shared with children still writing, alone
             chunk = os.pread(fd, want - offset, offset)
             if not chunk:

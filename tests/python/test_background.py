@@ -34,8 +34,13 @@ def test_a_background_server_the_session_talks_to_ends_with_the_session(sandbox)
         namespace = session.execute("import os\nos.readlink('/proc/self/ns/pid')").value
         namespace = namespace.strip("'")
         server = session.spawn(["python3", "-c", SERVER])
-        # A grandchild too: the session's end must take it as well.
+        # A grandchild too, and a daemon that left its process group and parent: the session's
+        # end must take them as well.
         sleeper = session.spawn("sleep 1000 & sleep 1000; :")
+        daemon = session.spawn(["python3", "-c", "import os, time\n"
+                                "if os.fork(): os._exit(0)\nos.setsid()\n"
+                                "if os.fork(): os._exit(0)\ntime.sleep(1000)"])
+        assert daemon.wait(timeout=30) == 0
         assert session.execute(FETCH.format(path="a")).value == "'hello from /a'"
         assert session.execute(FETCH.format(path="b")).value == "'hello from /b'"
         output = server.read()
@@ -45,8 +50,8 @@ def test_a_background_server_the_session_talks_to_ends_with_the_session(sandbox)
         assert server.read().stdout == ""  # read once
         assert server.poll() is None and sleeper.poll() is None
         in_sandbox = host_processes.processes_in_pid_namespace(namespace)
-        # the driver, the server, the shell and its two sleeps (and the sandbox's init)
-        assert len(in_sandbox) >= 5, [host_processes.cmdline(p) for p in in_sandbox]
+        # the driver, the server, the shell and its two sleeps, the daemon (and the sandbox's init)
+        assert len(in_sandbox) >= 6, [host_processes.cmdline(p) for p in in_sandbox]
     finally:
         session.close()
     assert host_processes.wait_until_pid_namespace_is_empty(namespace) == []
