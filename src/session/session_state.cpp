@@ -292,6 +292,11 @@ void Session::output(const json& message) {
         (*stream != "stdout" && *stream != "stderr")) {
         return;
     }
+    if (interrupted_ && deadline_) {
+        // Interrupted code whose output is still coming (the client takes it slowly): the
+        // driver is alive, its answer follows the output. The output is capped, so this ends.
+        *deadline_ = std::max(*deadline_, Clock::now() + kInterruptGrace);
+    }
     json event = output_event(current_.value("id", json(nullptr)), stream->get<std::string>(),
                               data->get_ref<const std::string&>(), false);
     event["session"] = id_;

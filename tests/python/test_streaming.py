@@ -190,3 +190,23 @@ def test_a_flooding_exec_grows_neither_side(sqbox_bin, python_image):
     assert client < LIMIT and server < LIMIT, (client, server)
     assert result.error is not None  # the interrupt, or the full tmpfs
     assert "".join(slow.chunks) == result.stdout and len(result.stdout) == 48 << 20
+
+
+def test_an_interrupted_exec_streams_its_rest_to_a_slow_client(sandbox):
+    # The code writes 8 MiB, then hangs past its timeout; the client takes the output slowly
+    # (~6 s): the interrupted code's answer waits behind it, and the session is not killed for
+    # the wait (the server gives a driver 2 s to answer an interrupt).
+    chunks = []
+
+    def slow(text):
+        chunks.append(text)
+        time.sleep(0.05)
+
+    with sandbox.session(output_limit=16 << 20) as session:
+        result = session.execute("import sys, time\nline = 'x' * 1023 + '\\n'\n"
+                                 "for _ in range(8192):\n    sys.stdout.write(line)\n"
+                                 "sys.stdout.flush()\ntime.sleep(1000)",
+                                 timeout=1, on_stdout=slow)
+        assert result.timed_out and result.error.type == "KeyboardInterrupt", result.error
+        assert "".join(chunks) == result.stdout and len(result.stdout) == 8 << 20
+        assert session.execute("'alive'").value == "'alive'"

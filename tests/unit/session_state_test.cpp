@@ -13,6 +13,7 @@
 #include <csignal>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "util/errors.h"
@@ -300,6 +301,21 @@ TEST_F(SessionStateTest, TheGraceAfterAnInterruptWaitsWhileTheDriverIsHeld) {
     EXPECT_EQ(*session.deadline(), deadline + 2 * Session::kInterruptGrace);
     session.check_deadline(deadline + 2 * Session::kInterruptGrace, false);
     EXPECT_EQ(port_.signals, (std::vector<int>{SIGINT, SIGKILL}));
+}
+
+TEST_F(SessionStateTest, OutputAfterAnInterruptGivesTheDriverMoreTime) {
+    Session& session = ready_session();
+    session.submit(request(R"({"id": 2, "op": "exec", "session": "s1", "code": "a",
+                              "timeout": 0.001, "stream": true})"));
+    const auto deadline = *session.deadline();
+    session.check_deadline(deadline);
+    EXPECT_EQ(port_.signals, std::vector<int>{SIGINT});
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    from_driver(R"({"event": "output", "stream": "stdout", "data": "still coming"})");
+    EXPECT_GT(*session.deadline(), deadline + Session::kInterruptGrace);
+    // Output of a request not interrupted leaves its deadline alone.
+    from_driver(R"({"event": "result"})");
+    EXPECT_FALSE(session.deadline());
 }
 
 TEST_F(SessionStateTest, ADeadlineWithoutASandboxIsDropped) {
