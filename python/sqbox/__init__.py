@@ -9,15 +9,20 @@ else `sqbox` on `$PATH`.
 """
 from ._aio import AsyncSandbox, AsyncSession
 from ._binary import find_binary
+from ._display import DisplayData
 from ._errors import ProtocolError, SandboxExecError, SessionDead, SqboxError
 from ._results import ExecError, ExecResult, Result
+from ._shell import AsyncShellSession, ShellResult, ShellSession
 from ._sync import Sandbox, Session, run
+from ._transfer import Transfer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AsyncSandbox",
     "AsyncSession",
+    "AsyncShellSession",
+    "DisplayData",
     "ExecError",
     "ExecResult",
     "ProtocolError",
@@ -26,7 +31,10 @@ __all__ = [
     "SandboxExecError",
     "Session",
     "SessionDead",
+    "ShellResult",
+    "ShellSession",
     "SqboxError",
+    "Transfer",
     "find_binary",
     "run",
 ]

@@ -112,6 +112,7 @@ def _size(req, name, default):
 
 TRANSFER_CHUNK = 4 << 20  # bytes of tar stream per download answer
 BLOCK = 512  # a tar block
+SKIPPED_NAMES = 100  # names of entries left out that an answer lists, at most
 
 
 def _entry_parts(name, what="entry"):
@@ -147,6 +148,11 @@ def _remove_non_directory(parent, name):
     os.unlink(name, dir_fd=parent)
 
 
+def _note_skipped(names, name):
+    if len(names) < SKIPPED_NAMES:
+        names.append(name)
+
+
 class Upload:
     """One tar stream being unpacked beneath a directory, fed chunk by chunk; a thread reads
     the stream from a pipe (tarfile reads stream formats, gzip included, only from a file)."""
@@ -155,7 +161,7 @@ class Upload:
         os.makedirs(destination, exist_ok=True)
         self.root = os.open(destination, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         read_end, self.write_end = os.pipe()
-        self.offset, self.files, self.bytes, self.skipped = 0, 0, 0, 0
+        self.offset, self.files, self.bytes, self.skipped = 0, 0, 0, []
         self.error, self.directories = None, []
         self.thread = threading.Thread(target=self._unpack, args=(read_end,), daemon=True)
         self.thread.start()
@@ -234,7 +240,7 @@ class Upload:
             self.directories.append((parts, member.mode & 0o777, member.mtime))
             return
         if not (member.isreg() or member.issym() or member.islnk()):
-            self.skipped += 1  # devices, FIFOs: nothing the sandbox should get from a tar
+            _note_skipped(self.skipped, member.name)  # devices, FIFOs: not from a tar
             return
         parent = self._walk(parts[:-1])
         try:
@@ -292,7 +298,7 @@ class Download:
     stream stops with TooLarge before it would pass `limit` bytes."""
 
     def __init__(self, path, limit):
-        self.limit, self.offset, self.made, self.skipped = limit, 0, 0, 0
+        self.limit, self.offset, self.made, self.skipped = limit, 0, 0, []
         self.pending, self.done = bytearray(), False
         self.stream = self._archive(path)
 
@@ -372,11 +378,11 @@ class Download:
                             for piece in self._file(child, st, path):
                                 yield piece
                         else:
-                            self.skipped += 1
+                            _note_skipped(self.skipped, path)
                     finally:
                         os.close(child)
                 else:
-                    self.skipped += 1  # devices, FIFOs, sockets
+                    _note_skipped(self.skipped, path)  # devices, FIFOs, sockets
             except FileNotFoundError:  # removed while we walk
                 continue
 
