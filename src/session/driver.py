@@ -754,7 +754,7 @@ class RichOutput:
 
     def _add(self, data):
         size = len(json.dumps(data, ensure_ascii=False))
-        if self.size + size > DISPLAY_CAP:
+        if self.truncated or self.size + size > DISPLAY_CAP:  # later items are left out too
             self.truncated = True
             return
         self.size += size
