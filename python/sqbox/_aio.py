@@ -335,14 +335,19 @@ class AsyncSession:
         """Copy a local file or directory into the sandbox (as `Session.upload`)."""
         loop = asyncio.get_running_loop()
         with await loop.run_in_executor(None, _transfer.pack, local) as archive_file:
-            requests = _transfer.upload_requests(self._id, remote, archive_file)
-            reply: Dict[str, Any] = {}
-            while True:
-                request = await loop.run_in_executor(None, next, requests, None)
-                if request is None:
-                    break
-                reply = await self._call(request)
-                proto.raise_for_reply(reply, "upload")
+            return await self.upload_tar(archive_file, remote)
+
+    async def upload_tar(self, archive: Any, remote: str) -> Transfer:
+        """Unpack a tar stream beneath a sandbox directory (as `Session.upload_tar`)."""
+        loop = asyncio.get_running_loop()
+        requests = _transfer.upload_requests(self._id, remote, _transfer.archive_source(archive))
+        reply: Dict[str, Any] = {}
+        while True:
+            request = await loop.run_in_executor(None, next, requests, None)
+            if request is None:
+                break
+            reply = await self._call(request)
+            proto.raise_for_reply(reply, "upload")
         return _transfer.upload_result(reply)
 
     async def download(self, remote: str, local: PathLike) -> Transfer:

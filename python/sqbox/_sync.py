@@ -409,10 +409,18 @@ class Session:
         are copied as symlinks; one pointing outside `remote` is refused. At most the sandbox's
         writable budget (`--tmpfs-size`)."""
         with _transfer.pack(local) as archive_file:
-            reply: Dict[str, Any] = {}
-            for request in _transfer.upload_requests(self._id, remote, archive_file):
-                reply = self._call(request)
-                proto.raise_for_reply(reply, "upload")
+            return self.upload_tar(archive_file, remote)
+
+    def upload_tar(self, archive: Any, remote: str) -> Transfer:
+        """Unpack a tar stream (bytes or a binary file object; gzip too) beneath the sandbox's
+        directory `remote`. Entries with absolute names or `..`, links pointing outside
+        `remote`, and paths through a symlink already in the sandbox are refused
+        (`SqboxError`); devices and FIFOs are left out."""
+        reply: Dict[str, Any] = {}
+        for request in _transfer.upload_requests(self._id, remote,
+                                                  _transfer.archive_source(archive)):
+            reply = self._call(request)
+            proto.raise_for_reply(reply, "upload")
         return _transfer.upload_result(reply)
 
     def download(self, remote: str, local: PathLike) -> Transfer:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 import errno
+import io
 import os
 import stat
 import tarfile
@@ -59,6 +60,15 @@ def pack(local: "os.PathLike[str] | str") -> IO[bytes]:
         archive_file.close()
         raise
     return archive_file
+
+
+def archive_source(archive: "bytes | IO[bytes]") -> IO[bytes]:
+    """A tar stream given as bytes or a binary file object, as a file object."""
+    if isinstance(archive, (bytes, bytearray, memoryview)):
+        return io.BytesIO(bytes(archive))
+    if not hasattr(archive, "read"):
+        raise TypeError("a tar stream is bytes or a binary file object")
+    return archive
 
 
 def upload_requests(session: str, remote: str, archive_file: IO[bytes]) -> Iterator[Dict[str, Any]]:
