@@ -373,7 +373,7 @@ class AsyncSession:
     def shell(self, name: str = "main", *, timeout: Optional[float] = None,
               program: Optional[Sequence[str]] = None) -> AsyncShellSession:
         """A shell beside the interpreter, in the same sandbox (as `Session.shell`)."""
-        return AsyncShellSession(self, name, timeout=timeout,
+        return AsyncShellSession(self, name, timeout=proto.pick(timeout, self._timeout),
                                  program=list(program) if program is not None else None)
 
     async def register_tool(self, fn: Callable[..., Any], name: Optional[str] = None,

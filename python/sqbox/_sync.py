@@ -441,8 +441,9 @@ class Session:
               program: Optional[Sequence[str]] = None) -> ShellSession:
         """A shell beside the interpreter, in the same sandbox: `bash`, or `sh` where the
         image has none, or `program`. Shells are kept by `name`; each keeps its working
-        directory and variables until it is closed or the session is reset."""
-        return ShellSession(self, name, timeout=timeout,
+        directory and variables until it is closed or the session is reset. `timeout` (default:
+        the session's) is the default of each `run()`."""
+        return ShellSession(self, name, timeout=proto.pick(timeout, self._timeout),
                             program=list(program) if program is not None else None)
 
     def register_tool(self, fn: Callable[..., Any], name: Optional[str] = None,
