@@ -6,16 +6,20 @@ import functools
 import inspect
 import itertools
 import os
+import tempfile
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Set
 
 from . import _processes as processes
 from . import _protocol as proto
+from . import _transfer
 from ._processes import AsyncBackgroundProcess
 from ._streaming import OutputCallback, OutputEvent, OutputSink, refuse_on_reader
 from ._binary import PathLike, find_binary
-from ._errors import SqboxError
+from ._errors import ProtocolError, SqboxError
 from ._protocol import CLOSE_TIMEOUT, Command, MountSpec, Size, Stdin, ToolsArg
 from ._results import ExecResult, Result
+from ._shell import AsyncShellSession
+from ._transfer import Transfer
 
 
 class AsyncSandbox:
@@ -117,6 +121,15 @@ class AsyncSandbox:
                                proto.pick(timeout, self._defaults.timeout))
         self._sessions[session.id] = session
         return session
+
+    async def shell(self, *, timeout: Optional[float] = None,
+                    program: Optional[Sequence[str]] = None,
+                    **session_options: Any) -> AsyncShellSession:
+        """A shell in a sandbox of its own (as `Sandbox.shell`)."""
+        session = await self.session(**session_options)
+        return AsyncShellSession(session, timeout=timeout,
+                                 program=list(program) if program is not None else None,
+                                 owns_session=True)
 
     async def aclose(self, timeout: float = CLOSE_TIMEOUT) -> None:
         """Shut the server down, killing every sandbox; waits up to `timeout` s, then kills it."""
@@ -348,6 +361,51 @@ class AsyncSession:
     async def reset(self) -> None:
         """Replace the interpreter by a fresh one in a fresh sandbox (same id and tools)."""
         proto.raise_for_reply(await self._call({"op": "reset", "session": self._id}), "reset")
+
+    async def upload(self, local: PathLike, remote: str) -> Transfer:
+        """Copy a local file or directory into the sandbox (as `Session.upload`)."""
+        loop = asyncio.get_running_loop()
+        with await loop.run_in_executor(None, _transfer.pack, local) as archive_file:
+            return await self.upload_tar(archive_file, remote)
+
+    async def upload_tar(self, archive: Any, remote: str) -> Transfer:
+        """Unpack a tar stream beneath a sandbox directory (as `Session.upload_tar`)."""
+        loop = asyncio.get_running_loop()
+        requests = _transfer.upload_requests(self._id, remote, _transfer.archive_source(archive))
+        reply: Dict[str, Any] = {}
+        while True:
+            request = await loop.run_in_executor(None, next, requests, None)
+            if request is None:
+                break
+            reply = await self._call(request)
+            proto.raise_for_reply(reply, "upload")
+        return _transfer.upload_result(reply)
+
+    async def download(self, remote: str, local: PathLike) -> Transfer:
+        """Copy a sandbox file or directory to a local directory (as `Session.download`)."""
+        loop = asyncio.get_running_loop()
+        stream = await loop.run_in_executor(None, tempfile.TemporaryFile)
+        with stream:
+            offset, skipped = 0, []
+            while True:
+                reply = await self._call(_transfer.download_request(self._id, remote, offset))
+                proto.raise_for_reply(reply, "download")
+                data, last, names = _transfer.download_chunk(reply)
+                await loop.run_in_executor(None, stream.write, data)
+                offset, skipped = offset + len(data), skipped + names
+                if last:
+                    break
+                if not data:
+                    raise ProtocolError("download: malformed reply: an empty chunk that is not "
+                                        "the last")
+            stream.seek(0)
+            return await loop.run_in_executor(None, _transfer.unpack, stream, local, skipped)
+
+    def shell(self, name: str = "main", *, timeout: Optional[float] = None,
+              program: Optional[Sequence[str]] = None) -> AsyncShellSession:
+        """A shell beside the interpreter, in the same sandbox (as `Session.shell`)."""
+        return AsyncShellSession(self, name, timeout=proto.pick(timeout, self._timeout),
+                                 program=list(program) if program is not None else None)
 
     async def register_tool(self, fn: Callable[..., Any], name: Optional[str] = None,
                             ) -> Callable[..., Any]:

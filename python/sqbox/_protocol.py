@@ -14,6 +14,7 @@ import threading
 from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple,
                     Union)
 
+from ._display import display_from_reply
 from ._errors import ProtocolError, SessionDead, SqboxError
 from ._results import ExecError, ExecResult, Result
 from ._streaming import OutputEvent, is_output_event
@@ -513,6 +514,7 @@ def exec_result_from_reply(reply: Mapping[str, Any]) -> ExecResult:
             timed_out=_field(reply, "timed_out", bool, False),
             stdout_truncated=_field(reply, "stdout_truncated", bool, False),
             stderr_truncated=_field(reply, "stderr_truncated", bool, False),
+            display=display_from_reply(reply),
         )
     except ProtocolError as exc:
         timed_out = reply.get("timed_out")

@@ -14,12 +14,15 @@ from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence
 
 from . import _protocol as proto
 from . import _processes as processes
+from . import _transfer
 from ._processes import BackgroundProcess
 from ._streaming import OutputCallback, OutputEvent, OutputSink, refuse_on_reader
 from ._binary import PathLike, find_binary
 from ._errors import SqboxError
 from ._protocol import CLOSE_TIMEOUT, Command, MountSpec, Size, Stdin, ToolsArg
 from ._results import ExecResult, Result
+from ._shell import ShellSession
+from ._transfer import Transfer
 
 # Extra host-side grace beyond a one-shot run's own --timeout before the client gives up on sqbox.
 RUN_GRACE = 30.0
@@ -187,6 +190,16 @@ class Sandbox:
         with self._lock:
             self._sessions[session.id] = session
         return session
+
+    def shell(self, *, timeout: Optional[float] = None, program: Optional[Sequence[str]] = None,
+              **session_options: Any) -> ShellSession:
+        """A shell in a sandbox of its own (a session's, options as for `session()`): `bash`,
+        or `sh` where the image has no bash, or `program` (an argv). Closing it closes the
+        session. `timeout` is the default of each `run()`."""
+        session = self.session(**session_options)
+        return ShellSession(session, timeout=timeout,
+                            program=list(program) if program is not None else None,
+                            owns_session=True)
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
         """Shut the server down, killing every sandbox; waits up to `timeout` s, then kills it.
@@ -426,6 +439,49 @@ class Session:
     def reset(self) -> None:
         """Replace the interpreter by a fresh one in a fresh sandbox (same id and tools)."""
         proto.raise_for_reply(self._call({"op": "reset", "session": self._id}), "reset")
+
+    def upload(self, local: PathLike, remote: str) -> Transfer:
+        """Copy the local file or directory `local` into the sandbox's directory `remote`
+        (made if missing): a directory's contents go beneath it, a file by its name. Symlinks
+        are copied as symlinks; one pointing outside `remote` is refused. At most the sandbox's
+        writable budget (`--tmpfs-size`)."""
+        with _transfer.pack(local) as archive_file:
+            return self.upload_tar(archive_file, remote)
+
+    def upload_tar(self, archive: Any, remote: str) -> Transfer:
+        """Unpack a tar stream (bytes or a binary file object; gzip too) beneath the sandbox's
+        directory `remote`. Entries with absolute names or `..`, links pointing outside
+        `remote`, and paths through a symlink already in the sandbox are refused
+        (`SqboxError`); devices and FIFOs are left out."""
+        reply: Dict[str, Any] = {}
+        for request in _transfer.upload_requests(self._id, remote,
+                                                  _transfer.archive_source(archive)):
+            reply = self._call(request)
+            proto.raise_for_reply(reply, "upload")
+        return _transfer.upload_result(reply)
+
+    def download(self, remote: str, local: PathLike) -> Transfer:
+        """Copy the sandbox's file or directory `remote` into the local directory `local`
+        (made if missing). Nothing in the sandbox is followed out of it, and nothing of it
+        is written outside `local`: links pointing outside it are left out (`.skipped`).
+        Stops with `SqboxError` past the sandbox's writable budget."""
+        def chunk(offset: int) -> Any:
+            reply = self._call(_transfer.download_request(self._id, remote, offset))
+            proto.raise_for_reply(reply, "download")
+            return _transfer.download_chunk(reply)
+
+        stream, skipped = _transfer.receive(chunk)
+        with stream:
+            return _transfer.unpack(stream, local, skipped)
+
+    def shell(self, name: str = "main", *, timeout: Optional[float] = None,
+              program: Optional[Sequence[str]] = None) -> ShellSession:
+        """A shell beside the interpreter, in the same sandbox: `bash`, or `sh` where the
+        image has none, or `program`. Shells are kept by `name`; each keeps its working
+        directory and variables until it is closed or the session is reset. `timeout` (default:
+        the session's) is the default of each `run()`."""
+        return ShellSession(self, name, timeout=proto.pick(timeout, self._timeout),
+                            program=list(program) if program is not None else None)
 
     def register_tool(self, fn: Callable[..., Any], name: Optional[str] = None,
                       ) -> Callable[..., Any]:

@@ -30,6 +30,7 @@
 #include "session/protocol_lines.h"
 #include "session/request_config.h"
 #include "session/session_driver.h"
+#include "session/session_extras.h"
 #include "session/session_state.h"
 #include "session/supervisor_messages.h"
 #include "session/warm_supervisor.h"
@@ -338,7 +339,7 @@ class Server final : private SessionPort, private JobEvents {
             } else if (op == "session_open") {
                 open_session(client_id, request);
             } else if (op == "exec" || op == "put" || op == "get" || op == "tools" ||
-                       is_process_op(op)) {
+                       is_process_op(op) || is_session_extra_op(op)) {
                 Session& session = owned_session(client_id, request);
                 session.submit(std::move(request));  // a put's may be tens of MiB
             } else if (op == "tool_result") {
@@ -405,6 +406,7 @@ class Server final : private SessionPort, private JobEvents {
                                  .try_emplace(id, id, static_cast<SessionPort&>(*this), client_id,
                                               std::move(settings), std::move(tools), output_limit)
                                  .first->second;
+        entry.state.set_transfer_budget(entry.settings.config.tmpfs_size_bytes);
         entry.state.open(request.value("id", json(nullptr)));
     }
 

@@ -10,6 +10,7 @@
 
 #include "session/output_events.h"
 #include "session/process_requests.h"
+#include "session/session_extras.h"
 #include "util/errors.h"
 
 namespace sqbox {
@@ -200,13 +201,27 @@ void Session::pump() {
             to_driver["names"] = tools_;
         } else if (is_process_op(op)) {
             to_driver = process_request_for_driver(request);
+        } else if (is_session_extra_op(op)) {
+            std::optional<double> timeout;
+            to_driver = session_extra_request(request, transfer_budget_, output_limit_, timeout);
+            if (timeout) {
+                // A backstop: the driver interrupts the command itself.
+                deadline_ =
+                    Clock::now() +
+                    std::chrono::duration_cast<Clock::duration>(
+                        std::chrono::duration<double>(*timeout + kShellTimeoutGraceSeconds));
+            }
+            if (op == "download") download_offset_ = to_driver.at("offset").get<uint64_t>();
         }
     } catch (const std::exception& e) {
+        const bool too_large = dynamic_cast<const TransferTooLarge*>(&e) != nullptr;
         if (!request.value("internal", false)) {
-            port_.answer(*this, {{"id", request.value("id", json(nullptr))},
-                                 {"ok", false},
-                                 {"error", error_object("BadRequest", e.what())}});
+            port_.answer(
+                *this, {{"id", request.value("id", json(nullptr))},
+                        {"ok", false},
+                        {"error", error_object(too_large ? "TooLarge" : "BadRequest", e.what())}});
         }
+        deadline_.reset();
         pump();
         return;
     }
@@ -354,6 +369,16 @@ void Session::result(json message) {
         answer["id"] = current_.value("id", json(nullptr));
         if (!answer.contains("ok")) answer["ok"] = true;
         if (current_.value("op", "") == "exec") answer["timed_out"] = interrupted_;
+        if (current_.value("op", "") == "download" && answer.value("ok", false) == true &&
+            !download_answer_within_budget(answer, download_offset_, transfer_budget_)) {
+            // The driver went on past the budget (or sent no data): the stream ends here.
+            answer = {{"ok", false},
+                      {"error", error_object("TooLarge",
+                                             "the download would pass the sandbox's writable "
+                                             "budget of " +
+                                                 std::to_string(transfer_budget_) + " bytes")}};
+            answer["id"] = current_.value("id", json(nullptr));
+        }
         port_.answer(*this, answer);
     }
     state_ = State::kIdle;

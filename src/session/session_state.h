@@ -104,6 +104,9 @@ class Session {
     // Kills the sandbox; `reason` is what the session's dead answers will say.
     void kill(const std::string& reason);
 
+    // The sandbox's writable bytes: the bound of each upload and download stream.
+    void set_transfer_budget(uint64_t bytes) { transfer_budget_ = bytes; }
+
     const std::string& id() const { return id_; }
     State state() const { return state_; }
     std::optional<Clock::time_point> deadline() const { return deadline_; }
@@ -142,6 +145,8 @@ class Session {
     LineBuffer driver_lines_;              // from the driver's stdout
     std::string log_;                      // tail of the driver's stderr
     std::string dead_reason_;
+    uint64_t transfer_budget_ = uint64_t{1} << 30;
+    uint64_t download_offset_ = 0;  // where the download chunk being served starts
 };
 
 }  // namespace sqbox

@@ -819,5 +819,101 @@ TEST_F(SessionStateTest, MalformedProcessRequestsAreAnsweredBadRequest) {
     EXPECT_TRUE(port_.to_driver.empty());
 }
 
+// ---- directory transfers and shells (session_extras.h) ----
+
+TEST_F(SessionStateTest, AnUploadChunkPastTheBudgetIsRefusedBeforeTheDriverSeesIt) {
+    Session& session = ready_session();
+    session.set_transfer_budget(10);
+    // 12 characters of base64: 9 bytes, within the budget at offset 0, not at offset 4.
+    session.submit(request(R"({"id": 2, "op": "upload", "session": "s1", "path": "/w",
+                              "data_b64": "AAAAAAAAAAAA"})"));
+    EXPECT_EQ(port_.take_to_driver(),
+              Lines{R"({"op":"upload","offset":0,"path":"/w","data_b64":"AAAAAAAAAAAA",)"
+                    R"("last":false})"});
+    from_driver(R"({"event": "result", "ok": true})");
+    port_.answers.clear();
+    session.submit(request(R"({"id": 3, "op": "upload", "session": "s1", "offset": 4,
+                              "data_b64": "AAAAAAAAAAAA", "last": true})"));
+    ASSERT_EQ(port_.answers.size(), 1U);
+    EXPECT_EQ(port_.answers[0]["id"], 3);
+    EXPECT_EQ(port_.answers[0]["error"]["type"], "TooLarge");
+    EXPECT_TRUE(port_.to_driver.empty());
+    EXPECT_EQ(session.state(), Session::State::kIdle);
+}
+
+TEST_F(SessionStateTest, ADownloadChunkPastTheBudgetIsNotPassedOn) {
+    Session& session = ready_session();
+    session.set_transfer_budget(10);
+    session.submit(request(R"({"id": 2, "op": "download", "session": "s1", "path": "/w"})"));
+    EXPECT_EQ(port_.take_to_driver(),
+              Lines{R"({"op":"download","offset":0,"path":"/w","limit":10})"});
+    from_driver(R"({"event": "result", "ok": true, "data_b64": "AAAA", "last": false})");
+    EXPECT_EQ(port_.take_answers(), Lines{R"({"ok":true,"data_b64":"AAAA","last":false,"id":2})"});
+    // The driver (the session's code) goes on past the budget: the stream ends there.
+    session.submit(request(R"({"id": 3, "op": "download", "session": "s1", "offset": 3})"));
+    EXPECT_EQ(port_.take_to_driver(), Lines{R"({"op":"download","offset":3,"limit":10})"});
+    from_driver(R"({"event": "result", "ok": true, "data_b64": "AAAAAAAAAAAA", "last": true})");
+    ASSERT_EQ(port_.answers.size(), 1U);
+    EXPECT_EQ(port_.answers[0]["id"], 3);
+    EXPECT_EQ(port_.answers[0]["ok"], false);
+    EXPECT_EQ(port_.answers[0]["error"]["type"], "TooLarge");
+    EXPECT_FALSE(port_.answers[0].contains("data_b64"));
+    port_.answers.clear();
+    // A download answer without data is not taken for a chunk either.
+    session.submit(request(R"({"id": 4, "op": "download", "session": "s1", "path": "/w"})"));
+    from_driver(R"({"event": "result", "ok": true, "last": true})");
+    ASSERT_EQ(port_.answers.size(), 1U);
+    EXPECT_EQ(port_.answers[0]["error"]["type"], "TooLarge");
+    port_.answers.clear();
+    port_.to_driver.clear();
+    session.submit(request(R"({"id": 5, "op": "download", "session": "s1", "offset": 11})"));
+    ASSERT_EQ(port_.answers.size(), 1U);
+    EXPECT_EQ(port_.answers[0]["error"]["type"], "TooLarge");
+    EXPECT_TRUE(port_.to_driver.empty());
+}
+
+TEST_F(SessionStateTest, AShellCommandGoesToTheDriverWithTheSessionsOutputLimit) {
+    Session& session = ready_session({}, 77);
+    session.submit(request(R"({"id": 2, "op": "shell", "session": "s1", "command": "cd /tmp",
+                              "name": "b"})"));
+    EXPECT_EQ(port_.take_to_driver(),
+              Lines{R"({"op":"shell","name":"b","command":"cd /tmp","output_limit":77})"});
+    EXPECT_FALSE(session.deadline());
+    from_driver(R"({"event": "result", "ok": true, "exit_code": 0})");
+    EXPECT_EQ(port_.take_answers(), Lines{R"({"ok":true,"exit_code":0,"id":2})"});
+
+    session.submit(request(R"({"id": 3, "op": "shell_close", "session": "s1", "name": "b"})"));
+    EXPECT_EQ(port_.take_to_driver(), Lines{R"({"op":"shell_close","name":"b"})"});
+    from_driver(R"({"event": "result", "ok": true, "closed": true})");
+    port_.answers.clear();
+
+    session.submit(request(R"({"id": 4, "op": "shell", "session": "s1"})"));  // no command
+    ASSERT_EQ(port_.answers.size(), 1U);
+    EXPECT_EQ(port_.answers[0]["error"]["type"], "BadRequest");
+}
+
+TEST_F(SessionStateTest, AShellCommandsTimeoutIsTheDriversWithTheServerAsBackstop) {
+    Session& session = ready_session();
+    const auto before = Clock::now();
+    session.submit(request(R"({"id": 2, "op": "shell", "session": "s1", "command": "sleep 9",
+                              "timeout": 1, "output_limit": 5})"));
+    EXPECT_EQ(port_.take_to_driver(), Lines{R"({"op":"shell","command":"sleep 9",)"
+                                            R"("output_limit":5,"timeout":1.0})"});
+    ASSERT_TRUE(session.deadline());
+    EXPECT_GE(*session.deadline(), before + std::chrono::seconds(6));
+    // A driver that does not answer is interrupted, then its sandbox killed, as for exec.
+    session.check_deadline(*session.deadline());
+    session.check_deadline(*session.deadline());
+    EXPECT_EQ(port_.signals, (std::vector<int>{SIGINT, SIGKILL}));
+
+    session_.reset();
+    Session& next = ready_session();
+    next.submit(request(R"({"id": 3, "op": "shell", "session": "s1", "command": "x",
+                            "timeout": 0})"));
+    ASSERT_EQ(port_.answers.size(), 1U);
+    EXPECT_EQ(port_.answers[0]["error"]["type"], "BadRequest");
+    EXPECT_FALSE(next.deadline());
+}
+
 }  // namespace
 }  // namespace sqbox
