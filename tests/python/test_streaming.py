@@ -83,6 +83,18 @@ def test_streamed_output_stops_at_the_output_limit(sandbox, session):
     assert len(executed.stdout) == 100001
 
 
+def test_a_streamed_exec_keeps_its_display_data(session):
+    chunks = []
+    result = session.execute("print('shown', flush=True)\nclass T:\n"
+                             "    def _repr_html_(self):\n        return '<b>t</b>'\n"
+                             "    def __repr__(self):\n        return 'T()'\n"
+                             "display('x')\nT()", on_stdout=chunks.append)
+    assert "".join(chunks) == result.stdout == "shown\n"
+    assert result.value == "T()"
+    assert [(item.text, item.html) for item in result.display] == [("'x'", None),
+                                                                  ("T()", "<b>t</b>")]
+
+
 def test_a_callbacks_exception_is_raised_once_the_command_has_ended(sandbox, session):
     calls = []
 

@@ -107,6 +107,22 @@ def test_a_fork_of_streaming_code_does_not_stream(session):
     assert session.quiet()
 
 
+def test_a_streaming_exec_gives_its_display_data_in_its_result(session):
+    session.send({"op": "exec", "stream": True, "code":
+                  "print('before', flush=True)\ndisplay({'a': 1})\nclass T:\n"
+                  "    def _repr_html_(self):\n        return '<b>t</b>'\n"
+                  "    def __repr__(self):\n        return 'T()'\nprint('after')\nT()"})
+    events, result = collect(session)
+    assert joined(events, "stdout") == result["stdout"] == "before\nafter\n"
+    assert joined(events, "stderr") == result["stderr"] == ""
+    assert result["value"] == "T()"
+    assert [item["data"] for item in result["display"]] == [
+        {"text/plain": "{'a': 1}"}, {"text/html": "<b>t</b>", "text/plain": "T()"}]
+    # The next exec, streamed or not, starts without the last one's display data.
+    session.send({"op": "exec", "stream": True, "code": "print(1)"})
+    assert "display" not in collect(session)[1]
+
+
 # Background processes
 
 def start(session, command, **fields):
