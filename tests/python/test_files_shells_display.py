@@ -7,14 +7,10 @@ import asyncio
 import base64
 import io
 import os
-import re
 import struct
-import subprocess
-import sys
 import tarfile
 import time
 import zlib
-from pathlib import Path
 
 import pytest
 
@@ -325,21 +321,3 @@ def test_async_files_and_shells(sqbox_bin, python_image, tmp_path):
     asyncio.run(main())
     assert (tmp_path / "out" / "f").read_text() == "async"
 
-
-# ---- python/README.md ----
-
-def test_the_readmes_examples_of_files_shells_and_rich_results_run(sqbox_bin, python_image,
-                                                                   tmp_path):
-    root = Path(__file__).resolve().parents[2]
-    text = (root / "python" / "README.md").read_text()
-    section = text.split("\n## Files, shells and rich results\n", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
-    assert len(blocks) == 3
-    for block in blocks:
-        assert '"python.sqsh"' in block and "assert " in block
-        script = tmp_path / "example.py"
-        script.write_text(block.replace('"python.sqsh"', repr(python_image)))
-        env = dict(os.environ, SQBOX_BIN=sqbox_bin, PYTHONPATH=str(root / "python"))
-        done = subprocess.run([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, timeout=120)
-        assert done.returncode == 0, (block, done.stderr)

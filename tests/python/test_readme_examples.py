@@ -33,7 +33,8 @@ EXAMPLES = examples()
 
 def test_the_readme_has_examples_of_each_feature():
     sections = {heading for heading, _, _ in EXAMPLES}
-    assert {"Streaming output", "Background processes"} <= sections, sections
+    assert {"Files, shells and rich results", "Streaming output",
+            "Background processes"} <= sections, sections
 
 
 @pytest.mark.parametrize("heading,index,code", EXAMPLES,
