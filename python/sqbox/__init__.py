@@ -9,24 +9,36 @@ else `sqbox` on `$PATH`.
 """
 from ._aio import AsyncSandbox, AsyncSession
 from ._binary import find_binary
+from ._display import DisplayData
 from ._errors import ProtocolError, SandboxExecError, SessionDead, SqboxError
+from ._processes import AsyncBackgroundProcess, BackgroundProcess, ProcessOutput
 from ._results import ExecError, ExecResult, Result
+from ._shell import AsyncShellSession, ShellResult, ShellSession
 from ._sync import Sandbox, Session, run
+from ._transfer import Transfer
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncBackgroundProcess",
     "AsyncSandbox",
     "AsyncSession",
+    "AsyncShellSession",
+    "BackgroundProcess",
+    "DisplayData",
     "ExecError",
     "ExecResult",
+    "ProcessOutput",
     "ProtocolError",
     "Result",
     "Sandbox",
     "SandboxExecError",
     "Session",
     "SessionDead",
+    "ShellResult",
+    "ShellSession",
     "SqboxError",
+    "Transfer",
     "find_binary",
     "run",
 ]

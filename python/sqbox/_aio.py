@@ -6,13 +6,20 @@ import functools
 import inspect
 import itertools
 import os
+import tempfile
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Set
 
+from . import _processes as processes
 from . import _protocol as proto
+from . import _transfer
+from ._processes import AsyncBackgroundProcess
+from ._streaming import OutputCallback, OutputEvent, OutputSink, refuse_on_reader
 from ._binary import PathLike, find_binary
-from ._errors import SqboxError
+from ._errors import ProtocolError, SqboxError
 from ._protocol import CLOSE_TIMEOUT, Command, MountSpec, Size, Stdin, ToolsArg
 from ._results import ExecResult, Result
+from ._shell import AsyncShellSession
+from ._transfer import Transfer
 
 
 class AsyncSandbox:
@@ -38,6 +45,7 @@ class AsyncSandbox:
                                       extra_args=extra_args)
         self._proc: Optional[asyncio.subprocess.Process] = None
         self._pending: Dict[Any, "asyncio.Future[Dict[str, Any]]"] = {}
+        self._sinks: Dict[Any, OutputSink] = {}  # the output callbacks of streaming requests
         self._sessions: Dict[str, AsyncSession] = {}
         self._ids = itertools.count(1)
         self._write_lock: Optional[asyncio.Lock] = None
@@ -86,11 +94,17 @@ class AsyncSandbox:
     async def run(self, cmd: Command, *, timeout: Optional[float] = None,
                   memory: Optional[Size] = None, mounts: Optional[Iterable[MountSpec]] = None,
                   env: Optional[Mapping[str, Any]] = None, stdin: Stdin = None,
-                  output_limit: Optional[int] = None) -> Result:
-        """Run `cmd` in a fresh sandbox and return its `Result` (as `Sandbox.run`)."""
+                  output_limit: Optional[int] = None, on_stdout: Optional[OutputCallback] = None,
+                  on_stderr: Optional[OutputCallback] = None) -> Result:
+        """Run `cmd` in a fresh sandbox and return its `Result` (as `Sandbox.run`).
+
+        `on_stdout`/`on_stderr` may be coroutine functions (awaited on the reader task, so a
+        slow one slows the command down) or plain functions (called on the event loop)."""
+        sink = OutputSink.wanted(on_stdout, on_stderr)
         request = self._defaults.run_request(cmd, timeout=timeout, memory=memory, mounts=mounts,
-                                             env=env, stdin=stdin, output_limit=output_limit)
-        return proto.result_from_reply(await self._request(request))
+                                             env=env, stdin=stdin, output_limit=output_limit,
+                                             stream=sink is not None)
+        return proto.result_from_reply(await self._request(request, sink=sink))
 
     async def session(self, *, env: Optional[Mapping[str, Any]] = None,
                       mounts: Optional[Iterable[MountSpec]] = None,
@@ -107,6 +121,15 @@ class AsyncSandbox:
                                proto.pick(timeout, self._defaults.timeout))
         self._sessions[session.id] = session
         return session
+
+    async def shell(self, *, timeout: Optional[float] = None,
+                    program: Optional[Sequence[str]] = None,
+                    **session_options: Any) -> AsyncShellSession:
+        """A shell in a sandbox of its own (as `Sandbox.shell`)."""
+        session = await self.session(**session_options)
+        return AsyncShellSession(session, timeout=timeout,
+                                 program=list(program) if program is not None else None,
+                                 owns_session=True)
 
     async def aclose(self, timeout: float = CLOSE_TIMEOUT) -> None:
         """Shut the server down, killing every sandbox; waits up to `timeout` s, then kills it."""
@@ -158,11 +181,14 @@ class AsyncSandbox:
     # -- plumbing -----------------------------------------------------------------------------
 
     async def _request(self, message: Dict[str, Any], timeout: Optional[float] = None,
-                       ) -> Dict[str, Any]:
+                       sink: Optional[OutputSink] = None) -> Dict[str, Any]:
+        refuse_on_reader(self._reader is not None and asyncio.current_task() is self._reader)
         self._check_usable()
         request_id = next(self._ids)
         future: "asyncio.Future[Dict[str, Any]]" = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
+        if sink is not None:
+            self._sinks[request_id] = sink
         try:
             try:
                 await self._send(proto.encode(dict(message, id=request_id)))
@@ -172,15 +198,17 @@ class AsyncSandbox:
                     return await asyncio.wait_for(future, proto.LOST_REPORT_WAIT)
                 except asyncio.TimeoutError:
                     raise send_error from None
-            if timeout is None:
-                return await future
-            return await asyncio.wait_for(future, timeout)
+            reply = await (future if timeout is None else asyncio.wait_for(future, timeout))
+            if sink is not None:
+                await sink.afinish()
+            return reply
         except asyncio.TimeoutError:
             raise SqboxError(f"no reply to {message['op']!r} within {timeout} s",
                              stderr=self._stderr_text()) from None
         finally:
             # Also on cancellation: a late reply then finds no taker and is dropped.
             self._pending.pop(request_id, None)
+            self._sinks.pop(request_id, None)
 
     def _check_usable(self) -> None:
         if self._proc is None:
@@ -212,6 +240,10 @@ class AsyncSandbox:
                 item = proto.classify(line)
                 if isinstance(item, proto.ToolCall):
                     self._dispatch_tool_call(item)
+                elif isinstance(item, OutputEvent):
+                    sink = self._sinks.get(item.id)
+                    if sink is not None:
+                        await sink.afeed(item)  # awaited here: a slow callback holds the output
                 elif isinstance(item, proto.Reply):
                     future = self._pending.pop(item.id, None)
                     if future is not None and not future.done():
@@ -297,12 +329,24 @@ class AsyncSession:
         """The registered tools, by name (a copy)."""
         return dict(self._tools)
 
-    async def execute(self, code: str, *, timeout: Optional[float] = None) -> ExecResult:
+    async def execute(self, code: str, *, timeout: Optional[float] = None,
+                      on_stdout: Optional[OutputCallback] = None,
+                      on_stderr: Optional[OutputCallback] = None) -> ExecResult:
         """Run `code` in the session's namespace and return its `ExecResult` (as
-        `Session.execute`); raises `SessionDead` if the interpreter died."""
+        `Session.execute`, callbacks as for `AsyncSandbox.run`); raises `SessionDead` if the
+        interpreter died."""
+        sink = OutputSink.wanted(on_stdout, on_stderr)
         reply = await self._call(proto.exec_request(self._id, code,
-                                                    proto.pick(timeout, self._timeout)))
+                                                    proto.pick(timeout, self._timeout),
+                                                    stream=sink is not None), sink=sink)
         return proto.exec_result_from_reply(reply)
+
+    async def spawn(self, cmd: Command, *, env: Optional[Mapping[str, Any]] = None,
+                    cwd: Optional[str] = None) -> AsyncBackgroundProcess:
+        """Start `cmd` in the background in this session's sandbox (as `Session.spawn`)."""
+        reply = await self._call(processes.start_request(self._id, cmd, env, cwd))
+        process_id, pid = processes.started(reply)
+        return AsyncBackgroundProcess(self, process_id, pid)
 
     async def put(self, path: str, data: bytes) -> None:
         """Write `data` to the file `path` inside the session's sandbox (at most 64 MiB)."""
@@ -317,6 +361,51 @@ class AsyncSession:
     async def reset(self) -> None:
         """Replace the interpreter by a fresh one in a fresh sandbox (same id and tools)."""
         proto.raise_for_reply(await self._call({"op": "reset", "session": self._id}), "reset")
+
+    async def upload(self, local: PathLike, remote: str) -> Transfer:
+        """Copy a local file or directory into the sandbox (as `Session.upload`)."""
+        loop = asyncio.get_running_loop()
+        with await loop.run_in_executor(None, _transfer.pack, local) as archive_file:
+            return await self.upload_tar(archive_file, remote)
+
+    async def upload_tar(self, archive: Any, remote: str) -> Transfer:
+        """Unpack a tar stream beneath a sandbox directory (as `Session.upload_tar`)."""
+        loop = asyncio.get_running_loop()
+        requests = _transfer.upload_requests(self._id, remote, _transfer.archive_source(archive))
+        reply: Dict[str, Any] = {}
+        while True:
+            request = await loop.run_in_executor(None, next, requests, None)
+            if request is None:
+                break
+            reply = await self._call(request)
+            proto.raise_for_reply(reply, "upload")
+        return _transfer.upload_result(reply)
+
+    async def download(self, remote: str, local: PathLike) -> Transfer:
+        """Copy a sandbox file or directory to a local directory (as `Session.download`)."""
+        loop = asyncio.get_running_loop()
+        stream = await loop.run_in_executor(None, tempfile.TemporaryFile)
+        with stream:
+            offset, skipped = 0, []
+            while True:
+                reply = await self._call(_transfer.download_request(self._id, remote, offset))
+                proto.raise_for_reply(reply, "download")
+                data, last, names = _transfer.download_chunk(reply)
+                await loop.run_in_executor(None, stream.write, data)
+                offset, skipped = offset + len(data), skipped + names
+                if last:
+                    break
+                if not data:
+                    raise ProtocolError("download: malformed reply: an empty chunk that is not "
+                                        "the last")
+            stream.seek(0)
+            return await loop.run_in_executor(None, _transfer.unpack, stream, local, skipped)
+
+    def shell(self, name: str = "main", *, timeout: Optional[float] = None,
+              program: Optional[Sequence[str]] = None) -> AsyncShellSession:
+        """A shell beside the interpreter, in the same sandbox (as `Session.shell`)."""
+        return AsyncShellSession(self, name, timeout=proto.pick(timeout, self._timeout),
+                                 program=list(program) if program is not None else None)
 
     async def register_tool(self, fn: Callable[..., Any], name: Optional[str] = None,
                             ) -> Callable[..., Any]:
@@ -358,10 +447,11 @@ class AsyncSession:
     async def __aexit__(self, *exc_info: Any) -> None:
         await self.aclose()
 
-    async def _call(self, message: Dict[str, Any]) -> Dict[str, Any]:
+    async def _call(self, message: Dict[str, Any], sink: Optional[OutputSink] = None,
+                    ) -> Dict[str, Any]:
         if self._closed:
             raise SqboxError(f"session {self._id} is closed")
-        return await self._sandbox._request(message)
+        return await self._sandbox._request(message, sink=sink)
 
     async def _answer_tool_call(self, call: proto.ToolCall) -> None:
         fn = self._tools.get(call.name)  # type: ignore[arg-type]

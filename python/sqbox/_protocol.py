@@ -14,8 +14,10 @@ import threading
 from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple,
                     Union)
 
+from ._display import display_from_reply
 from ._errors import ProtocolError, SessionDead, SqboxError
 from ._results import ExecError, ExecResult, Result
+from ._streaming import OutputEvent, is_output_event
 
 # Public argument types.
 Command = Union[str, Sequence[str]]
@@ -137,9 +139,12 @@ def _common_options(*, timeout: Optional[float] = None, memory: Optional[Size] =
 
 def run_request(cmd: Command, *, timeout: Optional[float], memory: Optional[Size],
                 mounts: Optional[Iterable[MountSpec]], env: Optional[Mapping[str, Any]],
-                stdin: Stdin, output_limit: Optional[int]) -> Dict[str, Any]:
+                stdin: Stdin, output_limit: Optional[int], stream: bool = False,
+                ) -> Dict[str, Any]:
     """The `run` op. Output is asked for in base64 so that `*_bytes` are exact."""
-    request = {"op": "run", "command": normalize_command(cmd), "binary": True}
+    request: Dict[str, Any] = {"op": "run", "command": normalize_command(cmd), "binary": True}
+    if stream:
+        request["stream"] = True
     request.update(_common_options(timeout=timeout, memory=memory, mounts=mounts, env=env,
                                    output_limit=output_limit))
     if isinstance(stdin, str):
@@ -180,11 +185,12 @@ class Defaults:
 
     def run_request(self, cmd: Command, *, timeout: Optional[float], memory: Optional[Size],
                     mounts: Optional[Iterable[MountSpec]], env: Optional[Mapping[str, Any]],
-                    stdin: Stdin, output_limit: Optional[int]) -> Dict[str, Any]:
+                    stdin: Stdin, output_limit: Optional[int], stream: bool = False,
+                    ) -> Dict[str, Any]:
         return run_request(
             cmd, timeout=pick(timeout, self.timeout), memory=pick(memory, self.memory),
             mounts=self.mounts + list(mounts or ()), env=merge_env(self.env, env), stdin=stdin,
-            output_limit=pick(output_limit, self.output_limit))
+            output_limit=pick(output_limit, self.output_limit), stream=stream)
 
     def session_open_request(self, *, env: Optional[Mapping[str, Any]],
                              mounts: Optional[Iterable[MountSpec]], memory: Optional[Size],
@@ -230,10 +236,13 @@ def copy_error(error: SqboxError) -> SqboxError:
     return SqboxError(str(error.args[0]), stderr=error.stderr)
 
 
-def exec_request(session: str, code: str, timeout: Optional[float]) -> Dict[str, Any]:
+def exec_request(session: str, code: str, timeout: Optional[float],
+                 stream: bool = False) -> Dict[str, Any]:
     if not isinstance(code, str):
         raise TypeError("code must be a str")
     request: Dict[str, Any] = {"op": "exec", "session": session, "code": code}
+    if stream:
+        request["stream"] = True
     if timeout is not None:
         request["timeout"] = float(timeout)
     return request
@@ -351,14 +360,19 @@ class Reply:
         self.message = message
 
 
-def classify(line: bytes) -> Union[ToolCall, Reply, bytes, None]:
-    """What a line from the server is: a ToolCall, a Reply, a note for the log (bytes) about a
-    line that was dropped, or None for an event nobody waits for. Sessions can forge lines the
-    server passes on, so nothing here raises on bad input."""
+def classify(line: bytes) -> Union[ToolCall, OutputEvent, Reply, bytes, None]:
+    """What a line from the server is: a ToolCall, an OutputEvent, a Reply, a note for the log
+    (bytes) about a line that was dropped, or None for an event nobody waits for. Sessions can
+    forge lines the server passes on, so nothing here raises on bad input."""
     try:
         message = decode(line)
     except ValueError:
         return b"sqbox client: unreadable line from server: " + line[:200] + b"\n"
+    if is_output_event(message):
+        try:
+            return OutputEvent(message)
+        except ValueError:
+            return b"sqbox client: malformed output event\n"
     if is_tool_call(message):
         try:
             return ToolCall(message)
@@ -500,6 +514,7 @@ def exec_result_from_reply(reply: Mapping[str, Any]) -> ExecResult:
             timed_out=_field(reply, "timed_out", bool, False),
             stdout_truncated=_field(reply, "stdout_truncated", bool, False),
             stderr_truncated=_field(reply, "stderr_truncated", bool, False),
+            display=display_from_reply(reply),
         )
     except ProtocolError as exc:
         timed_out = reply.get("timed_out")

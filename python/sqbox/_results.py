@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Tuple
 
+from ._display import DisplayData
 from ._errors import SandboxExecError
 
 
@@ -50,7 +51,9 @@ class ExecResult:
     """The outcome of `Session.execute()`.
 
     `value` is the repr of the code's trailing expression (None if there is none);
-    `error` is set when the code raised (including the interrupt of a timeout).
+    `error` is set when the code raised (including the interrupt of a timeout). `display` holds
+    what the code displayed (`display(obj)`, or a trailing value with `_repr_png_`,
+    `_repr_html_`, ...), in order.
     """
 
     stdout: str
@@ -60,6 +63,7 @@ class ExecResult:
     timed_out: bool
     stdout_truncated: bool
     stderr_truncated: bool
+    display: Tuple[DisplayData, ...] = ()
 
     @property
     def ok(self) -> bool:

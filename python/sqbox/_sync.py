@@ -13,10 +13,16 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence
 
 from . import _protocol as proto
+from . import _processes as processes
+from . import _transfer
+from ._processes import BackgroundProcess
+from ._streaming import OutputCallback, OutputEvent, OutputSink, refuse_on_reader
 from ._binary import PathLike, find_binary
 from ._errors import SqboxError
 from ._protocol import CLOSE_TIMEOUT, Command, MountSpec, Size, Stdin, ToolsArg
 from ._results import ExecResult, Result
+from ._shell import ShellSession
+from ._transfer import Transfer
 
 # Extra host-side grace beyond a one-shot run's own --timeout before the client gives up on sqbox.
 RUN_GRACE = 30.0
@@ -106,6 +112,7 @@ class Sandbox:
         self._lock = threading.Lock()  # guards _pending, _sessions, _closed, _lost
         self._write_lock = threading.Lock()  # one request line at a time on the pipe
         self._pending: Dict[Any, "Future[Dict[str, Any]]"] = {}
+        self._sinks: Dict[Any, OutputSink] = {}  # the output callbacks of streaming requests
         self._sessions: Dict[str, Session] = {}
         self._ids = itertools.count(1)
         self._closed = False
@@ -149,14 +156,20 @@ class Sandbox:
     def run(self, cmd: Command, *, timeout: Optional[float] = None,
             memory: Optional[Size] = None, mounts: Optional[Iterable[MountSpec]] = None,
             env: Optional[Mapping[str, Any]] = None, stdin: Stdin = None,
-            output_limit: Optional[int] = None) -> Result:
+            output_limit: Optional[int] = None, on_stdout: Optional[OutputCallback] = None,
+            on_stderr: Optional[OutputCallback] = None) -> Result:
         """Run `cmd` in a fresh sandbox (the `run` op) and return its `Result`.
 
-        Arguments as for `sqbox.run`. Safe to call from many threads at once.
+        Arguments as for `sqbox.run`. `on_stdout`/`on_stderr` get the output as it is produced
+        (text chunks, up to `output_limit`), on the client's reader thread: a slow callback
+        slows the command down rather than letting output pile up; an exception it raises is
+        raised here once the command has ended. Safe to call from many threads at once.
         """
+        sink = OutputSink.wanted(on_stdout, on_stderr)
         request = self._defaults.run_request(cmd, timeout=timeout, memory=memory, mounts=mounts,
-                                             env=env, stdin=stdin, output_limit=output_limit)
-        return proto.result_from_reply(self._request(request))
+                                             env=env, stdin=stdin, output_limit=output_limit,
+                                             stream=sink is not None)
+        return proto.result_from_reply(self._request(request, sink=sink))
 
     def session(self, *, env: Optional[Mapping[str, Any]] = None,
                 mounts: Optional[Iterable[MountSpec]] = None, memory: Optional[Size] = None,
@@ -177,6 +190,16 @@ class Sandbox:
         with self._lock:
             self._sessions[session.id] = session
         return session
+
+    def shell(self, *, timeout: Optional[float] = None, program: Optional[Sequence[str]] = None,
+              **session_options: Any) -> ShellSession:
+        """A shell in a sandbox of its own (a session's, options as for `session()`): `bash`,
+        or `sh` where the image has no bash, or `program` (an argv). Closing it closes the
+        session. `timeout` is the default of each `run()`."""
+        session = self.session(**session_options)
+        return ShellSession(session, timeout=timeout,
+                            program=list(program) if program is not None else None,
+                            owns_session=True)
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
         """Shut the server down, killing every sandbox; waits up to `timeout` s, then kills it.
@@ -230,20 +253,27 @@ class Sandbox:
     # -- plumbing -----------------------------------------------------------------------------
 
     def _request(self, message: Dict[str, Any], timeout: Optional[float] = None,
-                 ) -> Dict[str, Any]:
-        """Send one request and wait for the reply with its id."""
+                 sink: Optional[OutputSink] = None) -> Dict[str, Any]:
+        """Send one request and wait for the reply with its id; its output events, if it asked
+        for them, go to `sink` meanwhile."""
+        refuse_on_reader(threading.current_thread() is self._reader)
         future: "Future[Dict[str, Any]]" = Future()
         with self._lock:
             self._check_usable()
             request_id = next(self._ids)
             self._pending[request_id] = future
+            if sink is not None:
+                self._sinks[request_id] = sink
         message = dict(message, id=request_id)
         try:
             try:
                 self._send(proto.encode(message))
             except SqboxError as send_error:
                 return self._reply_after_failed_send(future, send_error)
-            return future.result(timeout)
+            reply = future.result(timeout)
+            if sink is not None:
+                sink.finish()
+            return reply
         except FutureTimeout:
             raise SqboxError(f"no reply to {message['op']!r} within {timeout} s",
                              stderr=self._stderr_text()) from None
@@ -251,6 +281,7 @@ class Sandbox:
             # Answered, the reader already took it out; else nobody will answer it now.
             with self._lock:
                 self._pending.pop(request_id, None)
+                self._sinks.pop(request_id, None)
 
     @staticmethod
     def _reply_after_failed_send(future: "Future[Dict[str, Any]]",
@@ -285,6 +316,11 @@ class Sandbox:
                 item = proto.classify(line)
                 if isinstance(item, proto.ToolCall):
                     self._dispatch_tool_call(item)
+                elif isinstance(item, OutputEvent):
+                    with self._lock:
+                        sink = self._sinks.get(item.id)
+                    if sink is not None:
+                        sink.feed(item)  # here, on the reader: a slow callback holds the output
                 elif isinstance(item, proto.Reply):
                     with self._lock:
                         future = self._pending.pop(item.id, None)
@@ -367,15 +403,29 @@ class Session:
         """The registered tools, by name (a copy)."""
         return dict(self._tools)
 
-    def execute(self, code: str, *, timeout: Optional[float] = None) -> ExecResult:
+    def execute(self, code: str, *, timeout: Optional[float] = None,
+                on_stdout: Optional[OutputCallback] = None,
+                on_stderr: Optional[OutputCallback] = None) -> ExecResult:
         """Run `code` in the session's persistent namespace and return its `ExecResult`.
 
         An exception in the code is reported in `.error` (see `raise_for_error()`); on timeout
         the code is interrupted and `.timed_out` is set. Raises `SessionDead` if the
-        interpreter died (then `reset()` it).
+        interpreter died (then `reset()` it). `on_stdout`/`on_stderr` get the output while the
+        code runs, as for `Sandbox.run`.
         """
-        reply = self._call(proto.exec_request(self._id, code, proto.pick(timeout, self._timeout)))
+        sink = OutputSink.wanted(on_stdout, on_stderr)
+        reply = self._call(proto.exec_request(self._id, code, proto.pick(timeout, self._timeout),
+                                              stream=sink is not None), sink=sink)
         return proto.exec_result_from_reply(reply)
+
+    def spawn(self, cmd: Command, *, env: Optional[Mapping[str, Any]] = None,
+              cwd: Optional[str] = None) -> BackgroundProcess:
+        """Start `cmd` (argv, or a string for `sh -c`) in the background in this session's
+        sandbox; read its output, wait for it or kill it through the returned
+        `BackgroundProcess`. It ends with the session at the latest."""
+        reply = self._call(processes.start_request(self._id, cmd, env, cwd))
+        process_id, pid = processes.started(reply)
+        return BackgroundProcess(self, process_id, pid)
 
     def put(self, path: str, data: bytes) -> None:
         """Write `data` to the file `path` inside the session's sandbox (at most 64 MiB)."""
@@ -389,6 +439,49 @@ class Session:
     def reset(self) -> None:
         """Replace the interpreter by a fresh one in a fresh sandbox (same id and tools)."""
         proto.raise_for_reply(self._call({"op": "reset", "session": self._id}), "reset")
+
+    def upload(self, local: PathLike, remote: str) -> Transfer:
+        """Copy the local file or directory `local` into the sandbox's directory `remote`
+        (made if missing): a directory's contents go beneath it, a file by its name. Symlinks
+        are copied as symlinks; one pointing outside `remote` is refused. At most the sandbox's
+        writable budget (`--tmpfs-size`)."""
+        with _transfer.pack(local) as archive_file:
+            return self.upload_tar(archive_file, remote)
+
+    def upload_tar(self, archive: Any, remote: str) -> Transfer:
+        """Unpack a tar stream (bytes or a binary file object; gzip too) beneath the sandbox's
+        directory `remote`. Entries with absolute names or `..`, links pointing outside
+        `remote`, and paths through a symlink already in the sandbox are refused
+        (`SqboxError`); devices and FIFOs are left out."""
+        reply: Dict[str, Any] = {}
+        for request in _transfer.upload_requests(self._id, remote,
+                                                  _transfer.archive_source(archive)):
+            reply = self._call(request)
+            proto.raise_for_reply(reply, "upload")
+        return _transfer.upload_result(reply)
+
+    def download(self, remote: str, local: PathLike) -> Transfer:
+        """Copy the sandbox's file or directory `remote` into the local directory `local`
+        (made if missing). Nothing in the sandbox is followed out of it, and nothing of it
+        is written outside `local`: links pointing outside it are left out (`.skipped`).
+        Stops with `SqboxError` past the sandbox's writable budget."""
+        def chunk(offset: int) -> Any:
+            reply = self._call(_transfer.download_request(self._id, remote, offset))
+            proto.raise_for_reply(reply, "download")
+            return _transfer.download_chunk(reply)
+
+        stream, skipped = _transfer.receive(chunk)
+        with stream:
+            return _transfer.unpack(stream, local, skipped)
+
+    def shell(self, name: str = "main", *, timeout: Optional[float] = None,
+              program: Optional[Sequence[str]] = None) -> ShellSession:
+        """A shell beside the interpreter, in the same sandbox: `bash`, or `sh` where the
+        image has none, or `program`. Shells are kept by `name`; each keeps its working
+        directory and variables until it is closed or the session is reset. `timeout` (default:
+        the session's) is the default of each `run()`."""
+        return ShellSession(self, name, timeout=proto.pick(timeout, self._timeout),
+                            program=list(program) if program is not None else None)
 
     def register_tool(self, fn: Callable[..., Any], name: Optional[str] = None,
                       ) -> Callable[..., Any]:
@@ -433,10 +526,11 @@ class Session:
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
 
-    def _call(self, message: Dict[str, Any]) -> Dict[str, Any]:
+    def _call(self, message: Dict[str, Any], sink: Optional[OutputSink] = None,
+              ) -> Dict[str, Any]:
         if self._closed:
             raise SqboxError(f"session {self._id} is closed")
-        return self._sandbox._request(message)
+        return self._sandbox._request(message, sink=sink)
 
     def _answer_tool_call(self, call: proto.ToolCall) -> None:
         """Runs in a tool worker thread: call the function, send back result or error."""

@@ -43,6 +43,8 @@ class ClientConnection {
     // reader is gone).
     void output_ready(short revents);
     bool has_output() const { return !output_.empty(); }
+    // Bytes queued that the client has not taken yet.
+    size_t pending_output() const { return output_.size(); }
     // At the end: waits until what is queued is written, or the write fails.
     void flush_blocking();
     // A write failed: nobody reads any more.

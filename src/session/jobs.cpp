@@ -84,10 +84,12 @@ void Jobs::signal(uint64_t key, int signal) {
 
 void Jobs::start_run(int client, const json& request) {
     RequestSettings settings = settings_from_request(request, options_.base, false);
+    const bool stream = request.value("stream", false);  // checked before the job exists
     Job& job = new_job(client, std::move(settings));
     job.id = request.value("id", json(nullptr));
     job.poolable =
         !request.contains("mounts") && !request.contains("memory") && !request.contains("pids");
+    job.stream = stream;
     const auto limit = job.settings.config.output_limit_bytes;
     job.out.limit = job.err.limit = limit ? *limit : kDefaultRunOutputLimit;
     waiting_runs_.push_back(job.key);
@@ -156,6 +158,7 @@ void Jobs::hand_to_pooled(Job& request) {
     job.id = request.id;
     job.out.limit = request.out.limit;
     job.err.limit = request.err.limit;
+    job.stream = request.stream;
     const SandboxConfig& asked = request.settings.config;
     const std::vector<std::pair<std::string, std::string>> additions(
         asked.environment.begin() + static_cast<std::ptrdiff_t>(options_.base.environment.size()),
@@ -303,6 +306,7 @@ void Jobs::read_output(uint64_t key, bool stdout_stream) {
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
     if (n <= 0) {
         capture.fd.reset();
+        if (job.stream) stream_output(job, stdout_stream, true);
         if (!job.session.empty() && stdout_stream) events_.session_output_closed(job);
         maybe_finish(key);
         return;
@@ -320,15 +324,30 @@ void Jobs::read_output(uint64_t key, bool stdout_stream) {
         capture.limit > capture.data.size() ? capture.limit - capture.data.size() : 0;
     if (chunk.size() > room) capture.truncated = true;
     capture.data.append(chunk.substr(0, std::min<uint64_t>(room, chunk.size())));
+    if (job.stream) stream_output(job, stdout_stream, false);
+}
+
+// What a streaming run's stream has kept since its last event goes out as one.
+void Jobs::stream_output(Job& job, bool stdout_stream, bool ended) {
+    if (job.abandoned) return;
+    Capture& capture = stdout_stream ? job.out : job.err;
+    const std::string_view fresh = capture.streamed.next(capture.data, job.settings.binary, ended);
+    if (fresh.empty()) return;
+    events_.run_output(job.client, output_event(job.id, stdout_stream ? "stdout" : "stderr", fresh,
+                                                job.settings.binary));
 }
 
 void Jobs::watch(const PollWatch& watch) {
     for (auto& [key, job] : jobs_) {
         const uint64_t job_key = key;
-        if (job.out.fd) {
+        // A client behind with its answers: the output it would get as events waits in the
+        // pipe (the payload blocks), not in the server. A session's driver log is still read.
+        const bool held = (job.stream || !job.session.empty()) && !job.abandoned &&
+                          events_.client_backlogged(job.client);
+        if (job.out.fd && !held) {
             watch(job.out.fd.get(), POLLIN, [this, job_key](short) { read_output(job_key, true); });
         }
-        if (job.err.fd) {
+        if (job.err.fd && !(held && job.session.empty())) {
             watch(job.err.fd.get(), POLLIN,
                   [this, job_key](short) { read_output(job_key, false); });
         }

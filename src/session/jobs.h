@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "runtime/cgroups.h"
+#include "session/output_events.h"
 #include "session/protocol_lines.h"
 #include "session/request_config.h"
 #include "session/server.h"
@@ -34,6 +35,7 @@ struct Capture {
     std::string data;
     uint64_t limit = kDefaultRunOutputLimit;
     bool truncated = false;
+    StreamedCapture streamed;  // what of `data` went out as output events
 };
 
 struct Job {
@@ -46,6 +48,7 @@ struct Job {
     UniqueFd stdin_fd;
     std::string stdin_pending;
     bool keep_stdin_open = false;  // sessions: stdin is the driver's request channel
+    bool stream = false;           // a run whose output goes out as events while it runs
     Capture out, err;
     std::optional<json> report;
     bool started = false;
@@ -61,6 +64,11 @@ class JobEvents {
   public:
     // A run's answer, for its client.
     virtual void run_finished(int client, const json& answer) = 0;
+    // An output event of a streaming run, for its client.
+    virtual void run_output(int client, const json& event) = 0;
+    // The client has more answers waiting than kClientBacklogBytes: its streaming sandboxes
+    // (and its sessions' drivers) are not read until it catches up.
+    virtual bool client_backlogged(int client) const = 0;
     // A session's sandbox: its driver's stdout and stderr, the stdout's end, the sandbox's end.
     virtual void session_output(const Job& job, std::string_view chunk) = 0;
     virtual void session_log(const Job& job, std::string_view chunk) = 0;
@@ -118,6 +126,7 @@ class Jobs {
     void signal_job(const Job& job, int signal);
     void write_stdin(uint64_t key);
     void read_output(uint64_t key, bool stdout_stream);
+    void stream_output(Job& job, bool stdout_stream, bool ended);
     void maybe_finish(uint64_t key);
     json run_answer(Job& job);
 

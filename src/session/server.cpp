@@ -25,9 +25,12 @@
 #include "runtime/user_namespace.h"
 #include "session/client_connection.h"
 #include "session/jobs.h"
+#include "session/output_events.h"
+#include "session/process_requests.h"
 #include "session/protocol_lines.h"
 #include "session/request_config.h"
 #include "session/session_driver.h"
+#include "session/session_extras.h"
 #include "session/session_state.h"
 #include "session/supervisor_messages.h"
 #include "session/warm_supervisor.h"
@@ -265,7 +268,9 @@ class Server final : private SessionPort, private JobEvents {
 
     void check_deadlines() {
         const auto now = Clock::now();
-        for (auto& [id, entry] : sessions_) entry.state.check_deadline(now);
+        for (auto& [id, entry] : sessions_) {
+            entry.state.check_deadline(now, client_backlogged(entry.client));
+        }
     }
 
     // ---- clients ----
@@ -333,7 +338,8 @@ class Server final : private SessionPort, private JobEvents {
                 jobs_.start_run(client_id, request);
             } else if (op == "session_open") {
                 open_session(client_id, request);
-            } else if (op == "exec" || op == "put" || op == "get" || op == "tools") {
+            } else if (op == "exec" || op == "put" || op == "get" || op == "tools" ||
+                       is_process_op(op) || is_session_extra_op(op)) {
                 Session& session = owned_session(client_id, request);
                 session.submit(std::move(request));  // a put's may be tens of MiB
             } else if (op == "tool_result") {
@@ -400,6 +406,7 @@ class Server final : private SessionPort, private JobEvents {
                                  .try_emplace(id, id, static_cast<SessionPort&>(*this), client_id,
                                               std::move(settings), std::move(tools), output_limit)
                                  .first->second;
+        entry.state.set_transfer_budget(entry.settings.config.tmpfs_size_bytes);
         entry.state.open(request.value("id", json(nullptr)));
     }
 
@@ -453,6 +460,13 @@ class Server final : private SessionPort, private JobEvents {
     // JobEvents: what comes of the sandboxes.
 
     void run_finished(int client_id, const json& answer) override { respond(client_id, answer); }
+
+    void run_output(int client_id, const json& event) override { respond(client_id, event); }
+
+    bool client_backlogged(int client_id) const override {
+        auto it = clients_.find(client_id);
+        return it != clients_.end() && it->second.pending_output() > kClientBacklogBytes;
+    }
 
     void session_output(const Job& job, std::string_view chunk) override {
         if (OpenSession* entry = session_of(job)) entry->state.driver_output(chunk);

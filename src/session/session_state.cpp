@@ -8,6 +8,9 @@
 #include <csignal>
 #include <exception>
 
+#include "session/output_events.h"
+#include "session/process_requests.h"
+#include "session/session_extras.h"
 #include "util/errors.h"
 
 namespace sqbox {
@@ -175,6 +178,9 @@ void Session::pump() {
                 limit = request.at("output_limit").get<uint64_t>();
             }
             to_driver["output_limit"] = limit;
+            if (request.contains("stream") && request.at("stream").get<bool>()) {
+                to_driver["stream"] = true;
+            }
             if (request.contains("timeout")) {
                 const double timeout = request.at("timeout").get<double>();
                 if (!(timeout > 0) || timeout > kMaxTimeoutSeconds) {
@@ -193,17 +199,34 @@ void Session::pump() {
         } else if (op == "tools") {
             tools_ = request.at("names").get<std::vector<std::string>>();
             to_driver["names"] = tools_;
+        } else if (is_process_op(op)) {
+            to_driver = process_request_for_driver(request);
+        } else if (is_session_extra_op(op)) {
+            std::optional<double> timeout;
+            to_driver = session_extra_request(request, transfer_budget_, output_limit_, timeout);
+            if (timeout) {
+                // A backstop: the driver interrupts the command itself.
+                deadline_ =
+                    Clock::now() +
+                    std::chrono::duration_cast<Clock::duration>(
+                        std::chrono::duration<double>(*timeout + kShellTimeoutGraceSeconds));
+            }
+            if (op == "download") download_offset_ = to_driver.at("offset").get<uint64_t>();
         }
     } catch (const std::exception& e) {
+        const bool too_large = dynamic_cast<const TransferTooLarge*>(&e) != nullptr;
         if (!request.value("internal", false)) {
-            port_.answer(*this, {{"id", request.value("id", json(nullptr))},
-                                 {"ok", false},
-                                 {"error", error_object("BadRequest", e.what())}});
+            port_.answer(
+                *this, {{"id", request.value("id", json(nullptr))},
+                        {"ok", false},
+                        {"error", error_object(too_large ? "TooLarge" : "BadRequest", e.what())}});
         }
+        deadline_.reset();
         pump();
         return;
     }
     current_internal_ = request.value("internal", false);
+    current_streams_ = to_driver.value("stream", false);
     current_ = std::move(request);
     state_ = State::kBusy;
     interrupted_ = false;
@@ -270,7 +293,29 @@ void Session::handle_driver_message(json message) {
         tool_call(message);
     } else if (event == "result") {
         result(std::move(message));
+    } else if (event == "output") {
+        output(message);
     }
+}
+
+// Output of the running exec, as the driver reads it from the code's capture files.
+void Session::output(const json& message) {
+    if (!for_current_request(message) || current_internal_ || !current_streams_) return;
+    const auto stream = message.find("stream");
+    const auto data = message.find("data");
+    if (stream == message.end() || data == message.end() || !data->is_string() ||
+        (*stream != "stdout" && *stream != "stderr")) {
+        return;
+    }
+    if (interrupted_ && deadline_) {
+        // Interrupted code whose output is still coming (the client takes it slowly): the
+        // driver is alive, its answer follows the output. The output is capped, so this ends.
+        *deadline_ = std::max(*deadline_, Clock::now() + kInterruptGrace);
+    }
+    json event = output_event(current_.value("id", json(nullptr)), stream->get<std::string>(),
+                              data->get_ref<const std::string&>(), false);
+    event["session"] = id_;
+    port_.answer(*this, event);
 }
 
 void Session::tool_call(const json& message) {
@@ -324,6 +369,16 @@ void Session::result(json message) {
         answer["id"] = current_.value("id", json(nullptr));
         if (!answer.contains("ok")) answer["ok"] = true;
         if (current_.value("op", "") == "exec") answer["timed_out"] = interrupted_;
+        if (current_.value("op", "") == "download" && answer.value("ok", false) == true &&
+            !download_answer_within_budget(answer, download_offset_, transfer_budget_)) {
+            // The driver went on past the budget (or sent no data): the stream ends here.
+            answer = {{"ok", false},
+                      {"error", error_object("TooLarge",
+                                             "the download would pass the sandbox's writable "
+                                             "budget of " +
+                                                 std::to_string(transfer_budget_) + " bytes")}};
+            answer["id"] = current_.value("id", json(nullptr));
+        }
         port_.answer(*this, answer);
     }
     state_ = State::kIdle;
@@ -348,10 +403,14 @@ void Session::sandbox_ended(const std::string& error) {
     died(error);
 }
 
-void Session::check_deadline(Clock::time_point now) {
+void Session::check_deadline(Clock::time_point now, bool driver_held) {
     if (!deadline_ || now < *deadline_) return;
     if (!port_.has_sandbox(*this)) {
         deadline_.reset();
+        return;
+    }
+    if (interrupted_ && driver_held) {
+        deadline_ = now + kInterruptGrace;
         return;
     }
     if (!interrupted_) {

@@ -98,9 +98,14 @@ class Session {
     // The sandbox ended; `error` is the supervisor's reason, if any.
     void sandbox_ended(const std::string& error);
     // Interrupts an exec past its timeout, and kills the sandbox once the grace has passed too.
-    void check_deadline(Clock::time_point now);
+    // `driver_held`: the server is not reading the driver (its client is behind with streamed
+    // output), so the interrupted code's answer cannot arrive yet: the grace starts again.
+    void check_deadline(Clock::time_point now, bool driver_held = false);
     // Kills the sandbox; `reason` is what the session's dead answers will say.
     void kill(const std::string& reason);
+
+    // The sandbox's writable bytes: the bound of each upload and download stream.
+    void set_transfer_budget(uint64_t bytes) { transfer_budget_ = bytes; }
 
     const std::string& id() const { return id_; }
     State state() const { return state_; }
@@ -114,6 +119,7 @@ class Session {
     bool for_current_request(const json& message) const;
     void handle_driver_message(json message);
     void tool_call(const json& message);
+    void output(const json& message);
     void result(json message);
     void pump();
     void died(const std::string& error);
@@ -126,6 +132,7 @@ class Session {
     std::deque<json> queue_;
     json current_;  // the request the driver is serving, null when idle
     bool current_internal_ = false;
+    bool current_streams_ = false;  // an exec that asked for its output as events
     std::optional<Clock::time_point> deadline_;
     bool interrupted_ = false;
     std::vector<std::string> tools_;
@@ -138,6 +145,8 @@ class Session {
     LineBuffer driver_lines_;              // from the driver's stdout
     std::string log_;                      // tail of the driver's stderr
     std::string dead_reason_;
+    uint64_t transfer_budget_ = uint64_t{1} << 30;
+    uint64_t download_offset_ = 0;  // where the download chunk being served starts
 };
 
 }  // namespace sqbox

@@ -199,3 +199,26 @@ def test_the_async_client_checks_replies_too(tmp_path):
                 await session.get("/f")
 
     asyncio.run(main())
+
+
+def test_malformed_output_events_are_dropped(fake_server):
+    # The exec is request 3 (after the ping and the session_open); a forging session's code
+    # could make the server pass these on for it.
+    noise = [json.dumps(event) for event in (
+        {"id": 3, "event": "output", "stream": "stdin", "data": "bad stream"},
+        {"id": 3, "event": "output", "stream": "stdout", "data": 5},
+        {"id": 3, "event": "output", "stream": "stdout", "data": ["x"]},
+        {"id": 3, "event": "output", "stream": "stdout", "data_b64": "not base64!"},
+        {"id": 3, "event": "output", "stream": "stdout", "data_b64": 5},
+        {"id": True, "event": "output", "stream": "stdout", "data": "bad id"},
+        {"id": 99, "event": "output", "stream": "stdout", "data": "nobody's"},
+        {"id": 3, "event": "output", "stream": "stderr", "data": "fine"},
+    )]
+    box = fake_server([{"ok": True, "stdout": "o", "timed_out": False},
+                       {"ok": True, "value": "'next'", "timed_out": False}], noise=noise)
+    session = box.session()
+    chunks = []
+    result = session.execute("x", timeout=5, on_stdout=chunks.append,
+                             on_stderr=lambda text: chunks.append(("err", text)))
+    assert chunks == [("err", "fine")] and result.stdout == "o"
+    assert session.execute("next", timeout=5).value == "'next'"

@@ -13,6 +13,7 @@
 #include <csignal>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "util/errors.h"
@@ -284,6 +285,37 @@ TEST_F(SessionStateTest, CodeThatIgnoresTheInterruptHasItsSandboxKilled) {
               (Lines{R"({"id":2,)" + dead + R"(,"timed_out":true})", R"({"id":3,)" + dead + "}"}));
     EXPECT_EQ(session.state(), Session::State::kDead);
     EXPECT_FALSE(session.has_work());
+}
+
+TEST_F(SessionStateTest, TheGraceAfterAnInterruptWaitsWhileTheDriverIsHeld) {
+    // The server reads nothing of a driver whose client is behind with streamed output: the
+    // interrupted code's answer cannot come, and the session is not killed for it.
+    Session& session = ready_session();
+    session.submit(request(R"({"id": 2, "op": "exec", "session": "s1", "code": "a",
+                              "timeout": 1, "stream": true})"));
+    const auto deadline = *session.deadline();
+    session.check_deadline(deadline, true);  // the interrupt still comes on time
+    EXPECT_EQ(port_.signals, std::vector<int>{SIGINT});
+    session.check_deadline(deadline + Session::kInterruptGrace, true);
+    EXPECT_EQ(port_.signals, std::vector<int>{SIGINT});
+    EXPECT_EQ(*session.deadline(), deadline + 2 * Session::kInterruptGrace);
+    session.check_deadline(deadline + 2 * Session::kInterruptGrace, false);
+    EXPECT_EQ(port_.signals, (std::vector<int>{SIGINT, SIGKILL}));
+}
+
+TEST_F(SessionStateTest, OutputAfterAnInterruptGivesTheDriverMoreTime) {
+    Session& session = ready_session();
+    session.submit(request(R"({"id": 2, "op": "exec", "session": "s1", "code": "a",
+                              "timeout": 0.001, "stream": true})"));
+    const auto deadline = *session.deadline();
+    session.check_deadline(deadline);
+    EXPECT_EQ(port_.signals, std::vector<int>{SIGINT});
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    from_driver(R"({"event": "output", "stream": "stdout", "data": "still coming"})");
+    EXPECT_GT(*session.deadline(), deadline + Session::kInterruptGrace);
+    // Output of a request not interrupted leaves its deadline alone.
+    from_driver(R"({"event": "result"})");
+    EXPECT_FALSE(session.deadline());
 }
 
 TEST_F(SessionStateTest, ADeadlineWithoutASandboxIsDropped) {
@@ -698,6 +730,189 @@ TEST_F(SessionStateTest, CloseAnswersWhatIsPendingAndRetiresTheSandbox) {
               Lines{R"({"id":2,"ok":false,"error":{"type":"SessionClosed","message":"the )"
                     R"(session was closed"}})"});
     EXPECT_EQ(port_.retires, 1);
+}
+
+// ---- streamed output and background processes ----
+
+TEST_F(SessionStateTest, AStreamingExecsOutputEventsReachTheClientBeforeItsResult) {
+    Session& session = ready_session();
+    session.submit(
+        request(R"({"id": 2, "op": "exec", "session": "s1", "code": "a", "stream": true})"));
+    EXPECT_EQ(port_.take_to_driver(),
+              Lines{R"({"op":"exec","code":"a","output_limit":1048576,"stream":true})"});
+    from_driver(R"({"event": "output", "stream": "stdout", "data": "one\n"})");
+    from_driver(R"({"event": "output", "stream": "stderr", "data": "two\n"})");
+    from_driver(R"({"event": "result", "stdout": "one\n"})");
+    EXPECT_EQ(port_.take_answers(),
+              (Lines{R"({"id":2,"event":"output","stream":"stdout","data":"one\n","session":"s1"})",
+                     R"({"id":2,"event":"output","stream":"stderr","data":"two\n","session":"s1"})",
+                     R"({"stdout":"one\n","id":2,"ok":true,"timed_out":false})"}));
+}
+
+TEST_F(SessionStateTest, OutputEventsNotOfAStreamingExecAreDropped) {
+    Session& session = ready_session();
+    session.submit(request(R"({"id": 2, "op": "exec", "session": "s1", "code": "a"})"));
+    EXPECT_EQ(port_.take_to_driver(), Lines{R"({"op":"exec","code":"a","output_limit":1048576})"});
+    from_driver(R"({"event": "output", "stream": "stdout", "data": "not asked for"})");
+    from_driver(R"({"event": "result"})");
+    session.submit(
+        request(R"({"id": 3, "op": "exec", "session": "s1", "code": "b", "stream": true})"));
+    // Without the token, with another request's number, malformed: dropped.
+    from_driver(R"({"event": "output", "token": "0", "stream": "stdout", "data": "forged"})");
+    from_driver(R"({"event": "output", "seq": 1, "stream": "stdout", "data": "stale"})");
+    from_driver(R"({"event": "output", "stream": "stdin", "data": "bad stream"})");
+    from_driver(R"({"event": "output", "stream": "stdout", "data": 5})");
+    from_driver(R"({"event": "result"})");
+    EXPECT_EQ(port_.take_answers(), (Lines{R"({"id":2,"ok":true,"timed_out":false})",
+                                           R"({"id":3,"ok":true,"timed_out":false})"}));
+}
+
+TEST_F(SessionStateTest, AStreamThatIsNotABooleanIsABadRequest) {
+    Session& session = ready_session();
+    session.submit(
+        request(R"({"id": 2, "op": "exec", "session": "s1", "code": "a", "stream": "yes"})"));
+    ASSERT_EQ(port_.answers.size(), 1U);
+    EXPECT_EQ(port_.answers[0]["error"]["type"], "BadRequest");
+    EXPECT_TRUE(port_.to_driver.empty());
+}
+
+TEST_F(SessionStateTest, ProcessRequestsReachTheDriverCheckedAndInOrder) {
+    Session& session = ready_session();
+    session.submit(request(R"({"id": 2, "op": "process_start", "session": "s1",
+                              "command": ["sleep", "9"], "env": {"A": "b"}, "workdir": "/tmp",
+                              "stray": 1})"));
+    session.submit(request(R"({"id": 3, "op": "process_read", "session": "s1",
+                              "process": "p1", "limit": 10})"));
+    EXPECT_EQ(port_.take_to_driver(),
+              Lines{R"({"op":"process_start","command":["sleep","9"],"env":{"A":"b"},)"
+                    R"("workdir":"/tmp"})"});
+    from_driver(R"({"event": "result", "process": "p1"})");
+    EXPECT_EQ(port_.take_to_driver(), Lines{R"({"op":"process_read","process":"p1","limit":10})"});
+    from_driver(R"({"event": "result"})");
+    session.submit(request(R"({"id": 4, "op": "process_wait", "session": "s1", "process": "p1",
+                              "timeout": 1.5})"));
+    from_driver(R"({"event": "result"})");
+    session.submit(request(R"({"id": 5, "op": "process_kill", "session": "s1", "process": "p1",
+                              "signal": 15})"));
+    EXPECT_EQ(port_.take_to_driver(),
+              (Lines{R"({"op":"process_wait","process":"p1","timeout":1.5})",
+                     R"({"op":"process_kill","process":"p1","signal":15})"}));
+}
+
+TEST_F(SessionStateTest, MalformedProcessRequestsAreAnsweredBadRequest) {
+    Session& session = ready_session();
+    for (const char* text : {
+             R"({"id": 2, "op": "process_start", "session": "s1", "command": []})",
+             R"({"id": 2, "op": "process_start", "session": "s1", "command": "sleep 9"})",
+             R"({"id": 2, "op": "process_start", "session": "s1", "command": ["a"], "env": 1})",
+             R"({"id": 2, "op": "process_read", "session": "s1"})",
+             R"({"id": 2, "op": "process_read", "session": "s1", "process": "p1", "limit": -1})",
+             R"({"id": 2, "op": "process_wait", "session": "s1", "process": "p1", "timeout": -1})",
+             R"({"id": 2, "op": "process_kill", "session": "s1", "process": "p1", "signal": 0})",
+             R"({"id": 2, "op": "process_kill", "session": "s1", "process": "p1", "signal": 99})",
+         }) {
+        session.submit(request(text));
+        ASSERT_EQ(port_.answers.size(), 1U) << text;
+        EXPECT_EQ(port_.answers[0]["error"]["type"], "BadRequest") << text;
+        port_.answers.clear();
+    }
+    EXPECT_TRUE(port_.to_driver.empty());
+}
+
+// ---- directory transfers and shells (session_extras.h) ----
+
+TEST_F(SessionStateTest, AnUploadChunkPastTheBudgetIsRefusedBeforeTheDriverSeesIt) {
+    Session& session = ready_session();
+    session.set_transfer_budget(10);
+    // 12 characters of base64: 9 bytes, within the budget at offset 0, not at offset 4.
+    session.submit(request(R"({"id": 2, "op": "upload", "session": "s1", "path": "/w",
+                              "data_b64": "AAAAAAAAAAAA"})"));
+    EXPECT_EQ(port_.take_to_driver(),
+              Lines{R"({"op":"upload","offset":0,"path":"/w","data_b64":"AAAAAAAAAAAA",)"
+                    R"("last":false})"});
+    from_driver(R"({"event": "result", "ok": true})");
+    port_.answers.clear();
+    session.submit(request(R"({"id": 3, "op": "upload", "session": "s1", "offset": 4,
+                              "data_b64": "AAAAAAAAAAAA", "last": true})"));
+    ASSERT_EQ(port_.answers.size(), 1U);
+    EXPECT_EQ(port_.answers[0]["id"], 3);
+    EXPECT_EQ(port_.answers[0]["error"]["type"], "TooLarge");
+    EXPECT_TRUE(port_.to_driver.empty());
+    EXPECT_EQ(session.state(), Session::State::kIdle);
+}
+
+TEST_F(SessionStateTest, ADownloadChunkPastTheBudgetIsNotPassedOn) {
+    Session& session = ready_session();
+    session.set_transfer_budget(10);
+    session.submit(request(R"({"id": 2, "op": "download", "session": "s1", "path": "/w"})"));
+    EXPECT_EQ(port_.take_to_driver(),
+              Lines{R"({"op":"download","offset":0,"path":"/w","limit":10})"});
+    from_driver(R"({"event": "result", "ok": true, "data_b64": "AAAA", "last": false})");
+    EXPECT_EQ(port_.take_answers(), Lines{R"({"ok":true,"data_b64":"AAAA","last":false,"id":2})"});
+    // The driver (the session's code) goes on past the budget: the stream ends there.
+    session.submit(request(R"({"id": 3, "op": "download", "session": "s1", "offset": 3})"));
+    EXPECT_EQ(port_.take_to_driver(), Lines{R"({"op":"download","offset":3,"limit":10})"});
+    from_driver(R"({"event": "result", "ok": true, "data_b64": "AAAAAAAAAAAA", "last": true})");
+    ASSERT_EQ(port_.answers.size(), 1U);
+    EXPECT_EQ(port_.answers[0]["id"], 3);
+    EXPECT_EQ(port_.answers[0]["ok"], false);
+    EXPECT_EQ(port_.answers[0]["error"]["type"], "TooLarge");
+    EXPECT_FALSE(port_.answers[0].contains("data_b64"));
+    port_.answers.clear();
+    // A download answer without data is not taken for a chunk either.
+    session.submit(request(R"({"id": 4, "op": "download", "session": "s1", "path": "/w"})"));
+    from_driver(R"({"event": "result", "ok": true, "last": true})");
+    ASSERT_EQ(port_.answers.size(), 1U);
+    EXPECT_EQ(port_.answers[0]["error"]["type"], "TooLarge");
+    port_.answers.clear();
+    port_.to_driver.clear();
+    session.submit(request(R"({"id": 5, "op": "download", "session": "s1", "offset": 11})"));
+    ASSERT_EQ(port_.answers.size(), 1U);
+    EXPECT_EQ(port_.answers[0]["error"]["type"], "TooLarge");
+    EXPECT_TRUE(port_.to_driver.empty());
+}
+
+TEST_F(SessionStateTest, AShellCommandGoesToTheDriverWithTheSessionsOutputLimit) {
+    Session& session = ready_session({}, 77);
+    session.submit(request(R"({"id": 2, "op": "shell", "session": "s1", "command": "cd /tmp",
+                              "name": "b"})"));
+    EXPECT_EQ(port_.take_to_driver(),
+              Lines{R"({"op":"shell","name":"b","command":"cd /tmp","output_limit":77})"});
+    EXPECT_FALSE(session.deadline());
+    from_driver(R"({"event": "result", "ok": true, "exit_code": 0})");
+    EXPECT_EQ(port_.take_answers(), Lines{R"({"ok":true,"exit_code":0,"id":2})"});
+
+    session.submit(request(R"({"id": 3, "op": "shell_close", "session": "s1", "name": "b"})"));
+    EXPECT_EQ(port_.take_to_driver(), Lines{R"({"op":"shell_close","name":"b"})"});
+    from_driver(R"({"event": "result", "ok": true, "closed": true})");
+    port_.answers.clear();
+
+    session.submit(request(R"({"id": 4, "op": "shell", "session": "s1"})"));  // no command
+    ASSERT_EQ(port_.answers.size(), 1U);
+    EXPECT_EQ(port_.answers[0]["error"]["type"], "BadRequest");
+}
+
+TEST_F(SessionStateTest, AShellCommandsTimeoutIsTheDriversWithTheServerAsBackstop) {
+    Session& session = ready_session();
+    const auto before = Clock::now();
+    session.submit(request(R"({"id": 2, "op": "shell", "session": "s1", "command": "sleep 9",
+                              "timeout": 1, "output_limit": 5})"));
+    EXPECT_EQ(port_.take_to_driver(), Lines{R"({"op":"shell","command":"sleep 9",)"
+                                            R"("output_limit":5,"timeout":1.0})"});
+    ASSERT_TRUE(session.deadline());
+    EXPECT_GE(*session.deadline(), before + std::chrono::seconds(6));
+    // A driver that does not answer is interrupted, then its sandbox killed, as for exec.
+    session.check_deadline(*session.deadline());
+    session.check_deadline(*session.deadline());
+    EXPECT_EQ(port_.signals, (std::vector<int>{SIGINT, SIGKILL}));
+
+    session_.reset();
+    Session& next = ready_session();
+    next.submit(request(R"({"id": 3, "op": "shell", "session": "s1", "command": "x",
+                            "timeout": 0})"));
+    ASSERT_EQ(port_.answers.size(), 1U);
+    EXPECT_EQ(port_.answers[0]["error"]["type"], "BadRequest");
+    EXPECT_FALSE(next.deadline());
 }
 
 }  // namespace
