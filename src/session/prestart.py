@@ -14,9 +14,10 @@ import os
 import sys
 import time
 
-for _name in sys.argv[1:]:
-    __import__(_name)
-del _name
+_module = None
+
+for _module in sys.argv[1:]:
+    __import__(_module)
 
 # The server strips this line from the output and takes the CPU time spent so far off the run's.
 os.write(1, b"sqbox-prestart-ready %d\n" % time.process_time_ns())
@@ -70,6 +71,7 @@ def _run(code):
     main = type(sys)("__main__")
     main.__builtins__ = sys.modules["builtins"]
     main.__loader__ = sys.modules["__main__"].__loader__
+    main.__annotations__ = {}
     sys.modules["__main__"] = main
     sys.argv[:] = ["-c"]
     try:
@@ -85,5 +87,5 @@ def _run(code):
 
 _code, _workdir, _env, _cpu = _request()
 _prepare(_workdir, _env, _cpu)
-del _request, _prepare, _read_exactly, _workdir, _env, _cpu
+del _request, _prepare, _read_exactly, _workdir, _env, _cpu, _module
 _run(_code)
