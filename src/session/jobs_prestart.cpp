@@ -11,7 +11,7 @@ namespace sqbox {
 namespace {
 
 // What is kept of a waiting interpreter's stderr: enough to say why its imports failed.
-constexpr uint64_t kWarmUpLogBytes = 64 * 1024;
+constexpr uint64_t kWarmUpLogBytes = uint64_t{64} * 1024;
 
 // The last non-empty line of an interpreter's stderr (a traceback's last is the error).
 std::string last_line(const std::string& text) {
