@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import pwd
+import resource
 import shutil
 import subprocess
 import sys
@@ -99,6 +100,23 @@ def throughput(runs, workers, call):
     with ThreadPoolExecutor(workers) as pool:
         list(pool.map(lambda _: call(), range(runs)))
     return runs / (time.perf_counter() - started)
+
+
+def children_cpu_ms():
+    """CPU time (user + system) of every descendant waited for so far: a server's sandboxes count
+    once the server has exited (each level reaps the one below)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (usage.ru_utime + usage.ru_stime) * 1000
+
+
+def cpu_per_execution(runs, start, call, stop=lambda: None):
+    """CPU of all processes per execution, run one after another (machine load aside)."""
+    before = children_cpu_ms()
+    start()
+    for _ in range(runs):
+        call()
+    stop()
+    return (children_cpu_ms() - before) / runs
 
 
 def descendants(pid):
@@ -203,6 +221,16 @@ def main():
             prefix + ["python3", "-c", "pass"], stdin=subprocess.DEVNULL, check=True)
         figures["throughput"]["native_per_second"] = throughput(args.throughput, workers,
                                                                 native_pass_run)
+        # Where the throughput goes: CPU per execution, the server's start and its pool's spare
+        # sandboxes spread over the runs.
+        boxes = []
+        figures["cpu_ms_per_execution"] = {
+            "native": cpu_per_execution(args.throughput, lambda: None, native_pass_run),
+            "prestarted": cpu_per_execution(
+                args.throughput,
+                lambda: boxes.append(sqbox.Sandbox(image, binary=sqbox_bin,
+                                                   prestart=args.prestart)),
+                lambda: boxes[-1].run_python("pass"), lambda: boxes[-1].close())}
         with sqbox.Sandbox(image, binary=sqbox_bin, prestart=args.idle,
                            preload=PRELOAD) as box:
             figures["idle_kib"] = idle_memory(box, args.idle)
@@ -227,6 +255,10 @@ def main():
           f"{t['prestarted_per_second']:.1f}/s, native python3 -c pass "
           f"{t['native_per_second']:.1f}/s "
           f"({t['prestarted_per_second'] / t['native_per_second']:.2f} x native)")
+    c = figures["cpu_ms_per_execution"]
+    print(f"CPU per execution (all processes): run_python('pass') {c['prestarted']:.1f} ms, "
+          f"native python3 -c pass {c['native']:.1f} ms "
+          f"({c['prestarted'] / c['native']:.2f} x native)")
     m = figures["idle_kib"]
     per_node = NODE_BYTES / (m["pss"] * 1024)
     figures["idle_kib"]["per_24_gib_node_by_pss"] = per_node
