@@ -435,7 +435,8 @@ json Jobs::run_answer(Job& job) {
         answer["wall_ms"] = std::chrono::duration<double, std::milli>(
                                 std::chrono::steady_clock::now() - job.handed_at)
                                 .count();
-        const auto cpu_ns = static_cast<uint64_t>(std::max<int64_t>(0, report.value("cpu_ns", 0)));
+        const auto cpu_ns =
+            static_cast<uint64_t>(std::max<int64_t>(0, report.value("cpu_ns", int64_t{0})));
         answer["cpu_ms"] =
             static_cast<double>(cpu_ns - std::min(cpu_ns, job.readiness.cpu_ns())) / 1e6;
     }

@@ -54,6 +54,7 @@ void Jobs::hand_to_prestarted(Job& request) {
     job.id = request.id;
     job.handed_at = std::chrono::steady_clock::now();
     // What the imports wrote is not the request's.
+    job.out.data.clear();
     job.err.data.clear();
     job.err.truncated = job.out.truncated = false;
     job.out.limit = request.out.limit;

@@ -54,11 +54,12 @@ def _prepare(workdir, env, cpu_seconds):
     if workdir:
         os.chdir(workdir)
     if cpu_seconds is not None:
-        # What `sqbox run --cpu-time N` sets, counted from now: the start and the imports have
-        # used some already, and RLIMIT_CPU counts the process's whole life.
+        # What `sqbox run --cpu-time N` sets, counted from about now: RLIMIT_CPU counts the
+        # process's whole life, and the start and the imports have used some already (whole
+        # seconds of it are added; the fraction, tens of milliseconds, is the code's less).
         import resource
 
-        used = -(-time.process_time_ns() // 1_000_000_000)
+        used = time.process_time_ns() // 1_000_000_000
         resource.setrlimit(resource.RLIMIT_CPU, (used + cpu_seconds, used + cpu_seconds + 1))
     # Each sandbox's interpreter seeded itself from the kernel when it started, so no two share
     # a state; seeding again at the request also keeps the preload's draws (if any) from telling
