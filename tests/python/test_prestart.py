@@ -216,6 +216,7 @@ def test_output_and_cpu_time_limits_hold_per_execution(prestarted):
     spin = prestarted.run_python("while True: pass", cpu_time=1, timeout=25)
     assert spin.prestarted and not spin.timed_out, spin
     assert spin.signal in (9, 24) and spin.exit_code in (128 + 9, 128 + 24), spin
+    assert 500 < spin.cpu_ms < 1150, spin  # what was asked for, not a second more
     assert time.monotonic() - started < 20
     # The start and the imports do not count against the execution's CPU time.
     short = prestarted.run_python("import time\nend = time.process_time() + 0.5\n"
