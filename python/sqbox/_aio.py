@@ -10,6 +10,7 @@ import tempfile
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Set
 
 from . import _processes as processes
+from . import _prestart
 from . import _protocol as proto
 from . import _transfer
 from ._processes import AsyncBackgroundProcess
@@ -35,14 +36,17 @@ class AsyncSandbox:
                  timeout: Optional[float] = None, memory: Optional[Size] = None,
                  mounts: Optional[Iterable[MountSpec]] = None,
                  env: Optional[Mapping[str, Any]] = None, output_limit: Optional[int] = None,
-                 extra_args: Sequence[str] = (), start_timeout: float = 60.0) -> None:
+                 extra_args: Sequence[str] = (), start_timeout: float = 60.0,
+                 prestart: Optional[int] = None,
+                 preload: Optional[Iterable[str]] = None) -> None:
         self.image = os.fspath(image)
         self._defaults = proto.Defaults(timeout=timeout, memory=memory, mounts=mounts, env=env,
                                         output_limit=output_limit)
         self._start_timeout = start_timeout
         self._argv = proto.serve_argv(find_binary(binary), self.image,
                                       max_parallel=max_parallel, pool=pool,
-                                      extra_args=extra_args)
+                                      extra_args=[*_prestart.serve_args(prestart, preload),
+                                                  *extra_args])
         self._proc: Optional[asyncio.subprocess.Process] = None
         self._pending: Dict[Any, "asyncio.Future[Dict[str, Any]]"] = {}
         self._sinks: Dict[Any, OutputSink] = {}  # the output callbacks of streaming requests
@@ -105,6 +109,18 @@ class AsyncSandbox:
                                              env=env, stdin=stdin, output_limit=output_limit,
                                              stream=sink is not None)
         return proto.result_from_reply(await self._request(request, sink=sink))
+
+    async def run_python(self, code: str, *, timeout: Optional[float] = None,
+                         memory: Optional[Size] = None,
+                         mounts: Optional[Iterable[MountSpec]] = None,
+                         env: Optional[Mapping[str, Any]] = None, stdin: Stdin = None,
+                         output_limit: Optional[int] = None,
+                         cpu_time: Optional[int] = None) -> Result:
+        """Run Python `code` once in a never-used sandbox (as `Sandbox.run_python`)."""
+        request = _prestart.python_request(
+            self._defaults, code, timeout=timeout, memory=memory, mounts=mounts, env=env,
+            stdin=stdin, output_limit=output_limit, cpu_time=cpu_time)
+        return _prestart.result_from_reply(await self._request(request))
 
     async def session(self, *, env: Optional[Mapping[str, Any]] = None,
                       mounts: Optional[Iterable[MountSpec]] = None,

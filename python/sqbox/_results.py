@@ -30,6 +30,8 @@ class Result:
     stderr_truncated: bool
     wall_ms: float
     cpu_ms: float
+    # run_python: served by an interpreter started (and its preload imported) before the call.
+    prestarted: bool = False
 
     @property
     def ok(self) -> bool:

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "cli/run_command.h"
+#include "session/prestart.h"
 #include "session/server.h"
 #include "util/errors.h"
 #include "util/sizes.h"
@@ -31,6 +32,17 @@ CLI::App* add_serve_subcommand(CLI::App& app, ServeArguments& args) {
                      "keep N sandboxes set up ahead for run requests without mounts or own "
                      "memory/pids limits (each used once)")
         ->type_name("N");
+    serve
+        ->add_option("--prestart", args.prestart,
+                     "keep N Python interpreters started ahead for run_python requests, each in a "
+                     "sandbox of its own used once")
+        ->type_name("N");
+    serve
+        ->add_option("--preload", args.preload,
+                     "modules the pre-started interpreters import before any request "
+                     "(comma-separated, repeatable)")
+        ->delimiter(',')
+        ->type_name("MODULE,...");
     serve->add_option("-e,--env", args.env, "set KEY=VAL in every sandbox")->type_name("KEY=VAL");
     serve->add_flag("--root", args.map_root, "appear as root (uid 0) inside every sandbox");
     serve
@@ -76,6 +88,12 @@ int execute_serve(const ServeArguments& args) {
     options.base.output_limit_bytes.reset();
     options.max_parallel = args.max_parallel;
     options.pool = args.pool;
+    options.prestart = args.prestart;
+    for (const std::string& module : args.preload) check_preload_module(module);
+    if (!args.preload.empty() && args.prestart == 0) {
+        throw Error("--preload: pre-started interpreters import it; give --prestart N too");
+    }
+    options.preload = args.preload;
     if (!args.socket.empty()) {
         options.socket_path = std::filesystem::absolute(args.socket).lexically_normal().string();
     }

@@ -15,6 +15,8 @@ struct ServeArguments {
     std::string socket;
     unsigned max_parallel = 0;
     unsigned pool = 0;
+    unsigned prestart = 0;
+    std::vector<std::string> preload;
     std::vector<std::string> env;
     bool map_root = false;
     std::string tmpfs_size;

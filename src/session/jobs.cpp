@@ -82,11 +82,16 @@ void Jobs::signal(uint64_t key, int signal) {
 
 // ---- runs ----
 
-void Jobs::start_run(int client, const json& request) {
+void Jobs::start_run(int client, const json& request, bool python) {
+    if (python && (!request.contains("code") || request.contains("command"))) {
+        throw Error("run_python takes code (Python source), not a command");
+    }
     RequestSettings settings = settings_from_request(request, options_.base, false);
     const bool stream = request.value("stream", false);  // checked before the job exists
     Job& job = new_job(client, std::move(settings));
     job.id = request.value("id", json(nullptr));
+    job.python_run = python;
+    job.wants_prestarted = python && prestarted_can_serve(request);
     job.poolable =
         !request.contains("mounts") && !request.contains("memory") && !request.contains("pids");
     job.stream = stream;
@@ -106,6 +111,12 @@ void Jobs::start_waiting_runs() {
             continue;
         }
         ++running_runs_;
+        if (it->second.wants_prestarted && !prestarted_.empty()) {
+            hand_to_prestarted(it->second);
+            jobs_.erase(it);
+            fill_prestarted();
+            continue;
+        }
         if (it->second.poolable && !pool_ready_.empty()) {
             hand_to_pooled(it->second);
             jobs_.erase(it);
@@ -145,6 +156,7 @@ void Jobs::fill_pool() {
         pool_ready_.push_back(job.key);
         launch(job);
     }
+    fill_prestarted();
 }
 
 // Moves a run request onto a ready pooled sandbox and starts it there.
@@ -311,7 +323,11 @@ void Jobs::read_output(uint64_t key, bool stdout_stream) {
         maybe_finish(key);
         return;
     }
-    const std::string_view chunk(buffer.data(), static_cast<size_t>(n));
+    std::string_view chunk(buffer.data(), static_cast<size_t>(n));
+    if (job.prestarted && stdout_stream && !job.readiness.ready()) {
+        chunk = job.readiness.take(chunk);
+        if (job.readiness.ready()) prestart_failures_ = 0;
+    }
     if (!job.session.empty()) {
         if (stdout_stream) {
             events_.session_output(job, chunk);
@@ -377,6 +393,10 @@ void Jobs::maybe_finish(uint64_t key) {
         jobs_.erase(it);
         return;
     }
+    if (job.prestarted && (job.in_pool || !job.readiness.ready())) {
+        prestarted_ended(job);
+        return;
+    }
     if (job.in_pool) {
         if (!job.report) return;
         // Set up ahead and gone before any request: something is wrong with the defaults.
@@ -427,6 +447,17 @@ json Jobs::run_answer(Job& job) {
     } else {
         answer["stdout"] = std::move(job.out.data);
         answer["stderr"] = std::move(job.err.data);
+    }
+    if (job.python_run) answer["prestarted"] = job.prestarted;
+    if (job.prestarted) {
+        // From the request's hand-over, without the interpreter's start and imports.
+        answer["wall_ms"] = std::chrono::duration<double, std::milli>(
+                                std::chrono::steady_clock::now() - job.handed_at)
+                                .count();
+        const auto cpu_ns =
+            static_cast<uint64_t>(std::max<int64_t>(0, report.value("cpu_ns", int64_t{0})));
+        answer["cpu_ms"] =
+            static_cast<double>(cpu_ns - std::min(cpu_ns, job.readiness.cpu_ns())) / 1e6;
     }
     const std::string error = report.value("error", "");
     if (!error.empty() && answer["exit_code"] == kExitSqboxFailure) {

@@ -5,6 +5,7 @@
 // server's defaults. A session's sandbox is a job too; what comes of it goes to the session.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -16,6 +17,7 @@
 
 #include "runtime/cgroups.h"
 #include "session/output_events.h"
+#include "session/prestart.h"
 #include "session/protocol_lines.h"
 #include "session/request_config.h"
 #include "session/server.h"
@@ -57,6 +59,14 @@ struct Job {
     bool poolable = false;   // a run request a pooled sandbox can serve (no mounts, no own limits)
     bool counted = false;    // holds one of the --max-parallel places
     bool abandoned = false;  // nobody wants its result (closed session, gone client)
+    // run_python: answered with "prestarted"; `wants_prestarted` when one may serve it.
+    bool python_run = false;
+    bool wants_prestarted = false;
+    // A pre-started interpreter (--prestart): in the pool while in_pool, then serving a request
+    // handed to it at `handed_at`.
+    bool prestarted = false;
+    PrestartReadiness readiness;
+    std::chrono::steady_clock::time_point handed_at;
 };
 
 // Where what comes of the jobs goes.
@@ -89,12 +99,13 @@ class Jobs {
     // The supervisor's end of the channel: jobs are sent there. Not owned.
     void connect_supervisor(int control_fd) { control_fd_ = control_fd; }
 
-    // A run request: started now, or when a --max-parallel place frees up.
-    void start_run(int client, const json& request);
+    // A run request (`python`: a run_python one): started now, or when a --max-parallel place
+    // frees up.
+    void start_run(int client, const json& request, bool python = false);
     // A session's sandbox: added first (its session learns the key), then launched.
     uint64_t add_session_job(int client, const std::string& session, RequestSettings settings);
     void launch(uint64_t key);
-    // Sets up sandboxes ahead until the pool is full (or off).
+    // Sets up sandboxes (and pre-started interpreters) ahead until the pools are full (or off).
     void fill_pool();
 
     bool contains(uint64_t key) const { return jobs_.count(key) != 0; }
@@ -121,6 +132,9 @@ class Jobs {
     Job& new_job(int client, RequestSettings settings);
     void start_waiting_runs();
     void hand_to_pooled(Job& request);
+    void fill_prestarted();
+    void hand_to_prestarted(Job& request);
+    void prestarted_ended(Job& job);
     void launch(Job& job);
     void send_to_supervisor(MessageTag tag, const json& body, const std::vector<int>& fds);
     void signal_job(const Job& job, int signal);
@@ -140,6 +154,9 @@ class Jobs {
     std::deque<uint64_t> pool_ready_;
     bool pool_enabled_ = true;
     unsigned pool_failures_ = 0;
+    std::deque<uint64_t> prestarted_;  // pre-started interpreters not yet handed a request
+    bool prestart_enabled_ = true;
+    unsigned prestart_failures_ = 0;
     unsigned running_runs_ = 0;
     uint64_t next_key_ = 1;
 };

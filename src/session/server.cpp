@@ -334,8 +334,8 @@ class Server final : private SessionPort, private JobEvents {
         json id = request.contains("id") ? request["id"] : json(nullptr);
         try {
             const std::string op = request.value("op", "");
-            if (op == "run") {
-                jobs_.start_run(client_id, request);
+            if (op == "run" || op == "run_python") {
+                jobs_.start_run(client_id, request, op == "run_python");
             } else if (op == "session_open") {
                 open_session(client_id, request);
             } else if (op == "exec" || op == "put" || op == "get" || op == "tools" ||

@@ -14,16 +14,19 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "sqbox/config.h"
 
 namespace sqbox {
 
 struct ServeOptions {
-    SandboxConfig base;         // image, ids, default limits and profile of every sandbox
-    std::string socket_path;    // also listen here (mode 0600); empty: stdin/stdout only
-    unsigned max_parallel = 0;  // running `run` sandboxes at once; 0: twice the CPU count
-    unsigned pool = 0;          // sandboxes kept set up ahead for run requests (--pool)
+    SandboxConfig base;                // image, ids, default limits and profile of every sandbox
+    std::string socket_path;           // also listen here (mode 0600); empty: stdin/stdout only
+    unsigned max_parallel = 0;         // running `run` sandboxes at once; 0: twice the CPU count
+    unsigned pool = 0;                 // sandboxes kept set up ahead for run requests (--pool)
+    unsigned prestart = 0;             // interpreters kept started for run_python (--prestart)
+    std::vector<std::string> preload;  // ...having imported these modules (--preload)
 };
 
 // Runs until shutdown; returns the process's exit status (125 when the image cannot be served).

@@ -198,6 +198,10 @@ class WarmSupervisor {
             go(key, body, message.fds);
             return;
         }
+        if (message.tag == MessageTag::kDeadline) {
+            start_clock(key, body.at("timeout").get<double>());
+            return;
+        }
         if (message.tag != MessageTag::kStart) throw Error("unexpected message from the server");
         try {
             start(key, message.fds);
@@ -231,6 +235,16 @@ class WarmSupervisor {
                                std::chrono::duration_cast<Clock::duration>(
                                    std::chrono::duration<double>(body.at("timeout").get<double>()));
         }
+    }
+
+    // A pre-started sandbox (jobs_prestart.cpp) got its request: its timeout counts from now.
+    void start_clock(uint64_t key, double timeout_seconds) {
+        auto it = sandboxes_.find(key);
+        if (it == sandboxes_.end()) return;
+        it->second.started = Clock::now();
+        it->second.deadline =
+            it->second.started + std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(timeout_seconds));
     }
 
     void start(uint64_t key, std::vector<UniqueFd>& fds) {

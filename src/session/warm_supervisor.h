@@ -9,6 +9,8 @@
 //                         'g' go {key, command, environment, workdir, cpu_seconds, timeout}
 //                             + fds [stdin, stdout, stderr]: a pooled sandbox's request
 //                         'k' signal {key, signal} (SIGKILL ends the sandbox)
+//                         'd' deadline {key, timeout}: a pre-started sandbox's request came, its
+//                             timeout counts from now
 //   supervisor -> server  'w' ready (the image is mounted) or 'e' {error} at start-up
 //                         'r' {key, report...} when a sandbox has ended
 #pragma once

@@ -25,6 +25,7 @@ enum class MessageTag : char {
     kStart = 's',     // server -> serve supervisor: start a sandbox (its request, stdio, cgroup)
     kGo = 'g',        // server -> serve supervisor -> pooled init: the request for a pooled sandbox
     kSignal = 'k',    // server -> serve supervisor: signal a sandbox
+    kDeadline = 'd',  // server -> serve supervisor: a pre-started sandbox's timeout, from now
     kReady = 'w',     // serve supervisor -> server: the image is mounted
     kReport = 'r',    // serve supervisor -> server: a sandbox has ended
     kImageMount = 'm',  // launcher <-> shared image server: its image's identity; the mount

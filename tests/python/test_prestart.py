@@ -1,0 +1,312 @@
+"""Pre-started interpreters (`sqbox serve --prestart N --preload ...`, `Sandbox.run_python`)
+against the real binary and image: code runs as `python3 -c` would, every execution gets a
+sandbox nothing else ran in (nothing one request leaves reaches the next, even while the first
+still runs), and the limits hold per execution.
+"""
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+import sqbox
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PRELOAD = ["json", "decimal"]
+
+
+@pytest.fixture(scope="module")
+def prestarted(sqbox_bin, python_image):
+    with sqbox.Sandbox(python_image, binary=sqbox_bin, prestart=2, preload=PRELOAD,
+                       timeout=30) as box:
+        yield box
+
+
+@pytest.fixture(scope="module")
+def limited(sqbox_bin, python_image):
+    """Pre-started sandboxes under small server-wide limits, which each execution gets."""
+    with sqbox.Sandbox(python_image, binary=sqbox_bin, prestart=2, timeout=30,
+                       extra_args=["--memory", "256M", "--pids", "32"]) as box:
+        yield box
+
+
+# Code whose result must not tell a pre-started interpreter from `python3 -c`.
+AS_PYTHON_C = [
+    "print(6 * 7)",
+    "1/0",
+    "def f():\n    raise ValueError('deep')\nf()",
+    "syntax error here",
+    "import sys; sys.exit(3)",
+    "import sys; sys.exit('a message')",
+    "import sys; print(sys.argv, __name__, sys.path[0] == '', sorted(dir()))",
+    "print(__loader__, __spec__, __doc__, __annotations__)",
+    "import sys; print(sys.stdin.read().upper())",
+    "import os, sys; print(os.getcwd(), sys.flags.dont_write_bytecode, sys.flags.isolated)",
+    "import subprocess; print(subprocess.run(['python3', '-c', 'print(5)'],"
+    " capture_output=True, text=True).stdout, end='')",
+    "import sys; sys.stdout.write('no newline'); sys.stderr.write('err')",
+]
+
+
+@pytest.mark.parametrize("code", AS_PYTHON_C)
+def test_run_python_runs_code_as_python_c_does(prestarted, code):
+    fast = prestarted.run_python(code, stdin="some input\n")
+    cold = prestarted.run(["python3", "-c", code], stdin="some input\n")
+    assert fast.prestarted is True
+    assert (fast.exit_code, fast.stdout, fast.stderr) == (cold.exit_code, cold.stdout,
+                                                          cold.stderr)
+
+
+def test_preloaded_modules_are_imported_before_the_request(prestarted):
+    probe = "import sys; print(sorted(m for m in ('json', 'decimal', 'email') if m in sys.modules))"
+    assert prestarted.run_python(probe).stdout == "['decimal', 'json']\n"
+    assert prestarted.run(["python3", "-c", probe]).stdout == "[]\n"
+
+
+def test_results_have_the_shape_of_a_run(prestarted):
+    result = prestarted.run_python("print('x')")
+    assert result.ok and result.prestarted
+    assert result.signal is None and not result.timed_out and not result.oom_killed
+    assert result.wall_ms > 0 and result.cpu_ms >= 0
+
+
+# A request that leaves everything it can behind: module and builtin globals, /tmp, the root
+# layer, /dev/shm, the environment, processes (a child and a daemon of its own session), a TCP
+# listener and an abstract Unix socket, System V shared memory, and a large block of memory.
+PLANT = r"""
+import builtins, ctypes, json, os, socket, subprocess, sys
+MARK = sys.stdin.readline().strip()
+json.PLANTED = builtins.PLANTED = MARK
+for path in ("/tmp/" + MARK, "/" + MARK, "/dev/shm/" + MARK, "/var/tmp/" + MARK):
+    with open(path, "w") as f:
+        f.write(MARK)
+os.environ["PLANTED"] = MARK
+os.putenv("PLANTED_PUTENV", MARK)
+child = subprocess.Popen(["sleep", "60"])
+subprocess.Popen(["python3", "-c", "import os, time\nif os.fork() == 0:\n    os.setsid()\n"
+                  "    time.sleep(60)"]).wait()
+tcp = socket.socket()
+tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+tcp.bind(("127.0.0.1", 47311))
+tcp.listen()
+unix = socket.socket(socket.AF_UNIX)
+unix.bind("\0" + MARK)
+unix.listen()
+libc = ctypes.CDLL(None, use_errno=True)
+shm_id = libc.shmget(0x5eed, 4096, 0o1666)  # IPC_CREAT | 0666
+block = bytearray(MARK.encode() * (32 * 1024 * 1024 // len(MARK)))
+import random
+print(MARK, shm_id >= 0, random.random(), hash("same text"), os.urandom(8).hex(), flush=True)
+"""
+
+LOOK = r"""
+import builtins, ctypes, json, os, socket, sys
+MARK = sys.stdin.readline().strip()
+found = []
+if getattr(json, "PLANTED", None) or getattr(builtins, "PLANTED", None):
+    found.append("globals")
+for path in ("/tmp/" + MARK, "/" + MARK, "/dev/shm/" + MARK, "/var/tmp/" + MARK):
+    if os.path.exists(path):
+        found.append(path)
+if "PLANTED" in os.environ or "PLANTED_PUTENV" in os.environ:
+    found.append("environment")
+pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+if pids != [1, os.getpid()]:
+    found.append("processes %r" % pids)
+for family, address in ((socket.AF_INET, ("127.0.0.1", 47311)), (socket.AF_UNIX, "\0" + MARK)):
+    s = socket.socket(family)
+    try:
+        s.connect(address)
+        found.append("listener %r" % (address,))
+    except OSError:
+        pass
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.shmget(0x5eed, 0, 0) >= 0:
+    found.append("System V shared memory")
+with open("/proc/self/status") as status:
+    rss_kib = next(int(l.split()[1]) for l in status if l.startswith("VmRSS:"))
+import random
+print(found, rss_kib, random.random(), hash("same text"), os.urandom(8).hex())
+"""
+
+
+def _planted(result, mark):
+    assert result.exit_code == 0 and result.prestarted, result
+    fields = result.stdout.split()
+    assert fields[:2] == [mark, "True"], result
+    return fields[2:]
+
+
+def _looked(result):
+    assert result.exit_code == 0 and result.prestarted, result
+    found, rest = result.stdout.rsplit("]", 1)
+    rss_kib, *draws = rest.split()
+    return found + "]", int(rss_kib), draws
+
+
+def test_nothing_a_request_leaves_reaches_the_next(prestarted):
+    for _ in range(3):
+        mark = "planted-" + uuid.uuid4().hex
+        planted = _planted(prestarted.run_python(PLANT, stdin=mark + "\n"), mark)
+        found, rss_kib, draws = _looked(prestarted.run_python(LOOK, stdin=mark + "\n"))
+        assert found == "[]"
+        assert rss_kib < 32 * 1024  # the 32 MiB block is not in the next interpreter
+        # Fresh random state, hash seed and urandom: nothing drawn in one tells the next.
+        assert all(a != b for a, b in zip(planted, draws)), (planted, draws)
+
+
+def test_a_request_still_running_is_out_of_reach_of_the_others(prestarted):
+    """The planting request still holds everything (sleeping) while others run."""
+    mark = "planted-" + uuid.uuid4().hex
+    results = {}
+    planter = threading.Thread(target=lambda: results.setdefault(
+        "plant", prestarted.run_python(PLANT + "import time; time.sleep(4)\n",
+                                       stdin=mark + "\n")))
+    planter.start()
+    time.sleep(2)
+    looks = [prestarted.run_python(LOOK, stdin=mark + "\n") for _ in range(3)]
+    planter.join()
+    planted = _planted(results["plant"], mark)
+    for look in looks:
+        found, _, draws = _looked(look)
+        assert found == "[]"
+        assert all(a != b for a, b in zip(planted, draws)), (planted, draws)
+
+
+def test_the_timeout_counts_from_the_request_and_holds(prestarted):
+    time.sleep(2.5)  # the pre-started sandboxes have waited longer than the timeout below
+    slow_but_in_time = prestarted.run_python("import time; time.sleep(1); print('done')",
+                                             timeout=2)
+    assert slow_but_in_time.prestarted and slow_but_in_time.stdout == "done\n", slow_but_in_time
+    started = time.monotonic()
+    endless = prestarted.run_python("while True: pass", timeout=1)
+    assert endless.prestarted and endless.timed_out and endless.exit_code == 124, endless
+    assert time.monotonic() - started < 20
+
+
+def test_memory_and_pids_limits_hold_per_execution(limited):
+    big = limited.run_python("x = bytearray(512 * 1024 * 1024); print('allocated')")
+    assert big.prestarted and big.exit_code != 0 and "allocated" not in big.stdout, big
+    forks = limited.run_python(
+        "import os\nn = 0\nfor _ in range(64):\n"
+        "    try:\n        pid = os.fork()\n    except OSError:\n        break\n"
+        "    if pid == 0:\n        import time; time.sleep(5); os._exit(0)\n    n += 1\n"
+        "print(n)", timeout=20)
+    assert forks.prestarted and forks.exit_code == 0, forks
+    assert 0 < int(forks.stdout) < 32
+    # The next execution has the whole limit again: the previous one's memory and processes
+    # went with its sandbox.
+    again = limited.run_python(
+        "import os, time\nx = bytearray(128 * 1024 * 1024)\nfor _ in range(24):\n"
+        "    if os.fork() == 0:\n        time.sleep(2); os._exit(0)\nprint('ok')")
+    assert again.prestarted and again.stdout == "ok\n", again
+
+
+def test_output_and_cpu_time_limits_hold_per_execution(prestarted):
+    flood = prestarted.run_python("print('x' * 100000)", output_limit=1000)
+    assert flood.prestarted and flood.stdout_truncated and len(flood.stdout) == 1000, flood
+    started = time.monotonic()
+    spin = prestarted.run_python("while True: pass", cpu_time=1, timeout=25)
+    assert spin.prestarted and not spin.timed_out, spin
+    assert spin.signal in (9, 24) and spin.exit_code in (128 + 9, 128 + 24), spin
+    assert 500 < spin.cpu_ms < 1150, spin  # what was asked for, not a second more
+    assert time.monotonic() - started < 20
+    # The start and the imports do not count against the execution's CPU time.
+    short = prestarted.run_python("import time\nend = time.process_time() + 0.5\n"
+                                  "while time.process_time() < end: pass\nprint('ok')",
+                                  cpu_time=1)
+    assert short.prestarted and short.stdout == "ok\n", short
+
+
+def test_environment_and_workdir_of_the_request(prestarted):
+    result = prestarted.run_python(
+        "import os, subprocess; print(os.environ['TOKEN'], os.getcwd(),"
+        " subprocess.run(['sh', '-c', 'echo $TOKEN'], capture_output=True, text=True).stdout,"
+        " end='')", env={"TOKEN": "abc"})
+    assert result.prestarted and result.stdout == "abc / abc\n", result
+
+
+@pytest.mark.parametrize("kwargs", [{"memory": "1G"}, {"env": {"PYTHONPATH": "/opt/extra"}},
+                                    {"env": {"LC_ALL": "C"}}])
+def test_requests_needing_their_own_start_get_a_fresh_python(prestarted, kwargs):
+    result = prestarted.run_python("import os, sys; print('/opt/extra' in sys.path,"
+                                   " os.environ.get('LC_ALL'))", **kwargs)
+    assert result.exit_code == 0 and result.prestarted is False, result
+    expected_path = "PYTHONPATH" in kwargs.get("env", {})
+    expected_lc = kwargs.get("env", {}).get("LC_ALL")
+    assert result.stdout == f"{expected_path} {expected_lc}\n"
+
+
+def test_async_run_python(sqbox_bin, python_image):
+    async def main():
+        async with sqbox.AsyncSandbox(python_image, binary=sqbox_bin, prestart=2) as box:
+            results = await asyncio.gather(*(box.run_python(f"print({i} * 2)")
+                                             for i in range(6)))
+        return results
+
+    results = asyncio.run(main())
+    assert [r.stdout for r in results] == [f"{i * 2}\n" for i in range(6)]
+    assert all(r.prestarted for r in results)
+
+
+def test_a_preload_the_image_lacks_turns_prestart_off(sqbox_bin, python_image):
+    """The requests still run (each in a python3 -c sandbox of its own), and the server says
+    once why the pre-started interpreters are off."""
+    requests = "".join(f'{{"id": {i}, "op": "run_python", "code": "print({i})"}}\n'
+                       for i in range(5))
+    proc = subprocess.run(
+        [sqbox_bin, "serve", "--prestart", "2", "--preload", "json,no_such_module_here",
+         python_image], input=requests, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    answers = [line for line in proc.stdout.splitlines() if line]
+    assert len(answers) == 5
+    for i in range(5):
+        assert f'"id":{i},' in answers[i] or any(f'"id":{i},' in a for a in answers)
+    assert all('"exit_code":0' in a and '"prestarted":false' in a for a in answers), answers
+    warnings = [l for l in proc.stderr.splitlines() if "pre-started" in l]
+    assert warnings == ["sqbox: warning: pre-started interpreters keep failing "
+                        "(ModuleNotFoundError: No module named 'no_such_module_here'); "
+                        "--prestart is off"], proc.stderr
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--prestart", "1", "--preload", "json,os;import x"], "is not a Python module name"),
+    (["--prestart", "1", "--preload", ".json"], "is not a Python module name"),
+    (["--preload", "json"], "give --prestart N too"),
+])
+def test_bad_preload_options_are_refused(sqbox_bin, python_image, options, message):
+    proc = subprocess.run([sqbox_bin, "serve", *options, python_image], input="",
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert proc.returncode == 125
+    assert proc.stdout == ""
+    assert len(proc.stderr.splitlines()) == 1 and message in proc.stderr, proc.stderr
+
+
+def test_run_python_wants_code(sqbox_bin, python_image):
+    request = '{"id": 1, "op": "run_python", "command": ["true"]}\n{"id": 2, "op": "run_python"}\n'
+    proc = subprocess.run([sqbox_bin, "serve", "--prestart", "1", python_image], input=request,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert proc.returncode == 0
+    answers = proc.stdout.splitlines()
+    assert len(answers) == 2 and all('"ok":false' in a and "BadRequest" in a for a in answers)
+
+
+def test_readme_run_python_example_runs(sqbox_bin, python_image, tmp_path):
+    text = (ROOT / "python" / "README.md").read_text()
+    section = text.split("\n## One-shot Python, fast: `Sandbox.run_python`\n", 1)[1]
+    blocks = re.findall(r"```python\n(.*?)```", section.split("\n## ", 1)[0], re.S)
+    assert len(blocks) == 1 and '"python.sqsh"' in blocks[0]
+    script = tmp_path / "example.py"
+    script.write_text(blocks[0].replace('"python.sqsh"', repr(python_image)))
+    env = dict(os.environ, SQBOX_BIN=sqbox_bin, PYTHONPATH=str(ROOT / "python"))
+    done = subprocess.run([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
