@@ -400,6 +400,8 @@ def test_sandbox_processes_hold_only_their_own_descriptors(box, options):
             init_fds = _settled_init_descriptors(init[0])
             payload_fds = _descriptors(payload[0])
             supervisor_fds = _descriptors(supervisor[0])
+            socket_peers = [_peer_command_line(what) for what in supervisor_fds.values()
+                            if what.startswith("socket:")]
             callers_stderr = os.readlink(f"/proc/{proc.pid}/fd/2")
         finally:
             proc.kill()
@@ -414,9 +416,7 @@ def test_sandbox_processes_hold_only_their_own_descriptors(box, options):
     assert not [w for w in held if "memfd:" in w or w.endswith(".files/tree")], supervisor_fds
     # One socket at most: its connection to the image's shared server (not init's channel, say),
     # which a learning run, serving its image itself, does not have.
-    sockets = [w for w in held if w.startswith("socket:")]
     if "--learn-warm-up" in options:
-        assert sockets == [], supervisor_fds
+        assert socket_peers == [], supervisor_fds
     else:
-        assert len(sockets) == 1, supervisor_fds
-        assert "image-server" in _peer_command_line(sockets[0]), supervisor_fds
+        assert len(socket_peers) == 1 and "image-server" in socket_peers[0], supervisor_fds
