@@ -353,23 +353,32 @@ def descendants(pid):
     return out
 
 
-def shared_server_processes(cache):
-    """(server, its FUSE server) of the shared image server whose socket is in CACHE."""
+def shared_server_processes(cache, user):
+    """(server, its FUSE server) of the shared image server that the RSS run (as USER) started
+    for CACHE: the newest of USER's with a socket of that name (other caches, e.g. another row's
+    or user's, may hold a server under the same name)."""
     sockets = {name for name in os.listdir(os.path.join(cache, "image-servers"))
                if name.endswith(".socket")}
+    uid = pwd.getpwnam(user).pw_uid if user else os.geteuid()
+    found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 argv = f.read().split(b"\0")
+            with open(f"/proc/{entry}/status") as f:  # not /proc/PID's owner: not dumpable
+                owner = next(int(line.split()[1]) for line in f if line.startswith("Uid:"))
         except OSError:
             continue
-        if argv[1:3] == [b"image-server", b"--socket"] and argv[3].decode() in sockets:
+        if argv[1:3] == [b"image-server", b"--socket"] and argv[3].decode() in sockets \
+                and owner == uid:
             kids = read_children(int(entry))
             if kids:  # the server, not its FUSE server (which has none)
-                return int(entry), kids[0]
-    die(f"no shared image server for {cache}")
+                found.append((int(entry), kids[0]))
+    if not found:
+        die(f"no shared image server for {cache}")
+    return max(found)
 
 
 def measure_rss(sqbox, image, user, cache):
@@ -413,7 +422,7 @@ def measure_rss(sqbox, image, user, cache):
         if len(fuse) > 1 or "init" not in rss:
             die(f"unexpected process tree below supervisor {supervisor}")
         if not fuse:  # the image's shared server serves it
-            server, parser = shared_server_processes(cache)
+            server, parser = shared_server_processes(cache, user)
             rss["shared_server"], pids["shared_server"] = vm_hwm_kb(server), server
             fuse = [parser]
         rss["fuse_server"], pids["fuse_server"] = vm_hwm_kb(fuse[0]), fuse[0]
@@ -548,15 +557,19 @@ def main():
               f"{args.rounds} interleaved rounds")
     print()
 
-    own = rss["supervisor"] + rss["fuse_server"] + rss.get("shared_server", 0)
+    # The target is per sandbox: its supervisor and the FUSE server it uses. The shared image
+    # server's own process serves every sandbox of the image and is listed beside it.
+    own = rss["supervisor"] + rss["fuse_server"]
     print("peak RSS (VmHWM) of sqbox's processes, sqbox run IMAGE.sqsh:")
     for role in ("launcher", "supervisor", "shared_server", "fuse_server", "init"):
         if role in rss:
             print(f"  {role:<13} pid {pids[role]:<8} {rss[role]:>7} kB")
     verdict = "within" if own <= RSS_TARGET_KB else "OVER"
-    print(f"  supervisor + FUSE server{' + shared server' if 'shared_server' in rss else ''}: "
-          f"{own} kB ({own / 1024:.1f} MiB), "
+    print(f"  supervisor + FUSE server: {own} kB ({own / 1024:.1f} MiB), "
           f"{verdict} the 10 MiB target ({RSS_TARGET_KB} kB)")
+    if "shared_server" in rss:
+        print(f"  the FUSE server and the shared server's process ({rss['shared_server']} kB) "
+              f"are one per image, not per sandbox")
 
     if args.json:
         with open(args.json, "w") as f:
