@@ -129,7 +129,8 @@ def test_with_fuse_and_unmasked_proc_the_sandbox_is_as_on_a_host(make_pod):
     pod = make_pod(seccomp="unconfined", proc="unmasked", fuse=True)
     result, record = pod.sqbox_run(BUSYBOX, "sh", "-c", "ls /proc | grep -c '^[0-9]'")
     assert result.returncode == 0, result.stderr
-    assert record["image_access"] == "fuse" and record["proc"] == "fresh"
+    # A pod's sandboxes share an image server too (docs/run.md, "The shared image server").
+    assert record["image_access"] == "shared" and record["proc"] == "fresh"
     assert int(result.stdout) <= 4  # init, sh, ls, grep
     assert cache_entries(pod) == []
 
@@ -142,7 +143,7 @@ def test_proc_outer_runs_and_is_recorded(make_pod, fuse):
     assert result.returncode == 0, result.stderr
     assert result.stdout == "Name:\tcat\n"
     assert record["proc"] == "outer"
-    assert record["image_access"] == ("fuse" if fuse else "unpacked")
+    assert record["image_access"] == ("shared" if fuse else "unpacked")
     assert sum("--proc outer" in line for line in result.stderr.splitlines()) == 1
 
 
@@ -160,7 +161,7 @@ def test_a_bad_proc_value_is_one_line(sqbox_bin, busybox_image):
     assert "--proc: 'host' is neither fresh nor outer" in one_line(result.stderr)
 
 
-def test_on_the_host_the_record_says_fuse_and_fresh(sqbox_bin, busybox_image, tmp_path):
+def test_on_the_host_the_record_says_shared_and_fresh(sqbox_bin, busybox_image, tmp_path):
     if not os.access("/dev/fuse", os.R_OK | os.W_OK):
         pytest.skip("/dev/fuse is not usable here")
     record = tmp_path / "r.json"
@@ -168,7 +169,7 @@ def test_on_the_host_the_record_says_fuse_and_fresh(sqbox_bin, busybox_image, tm
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert result.returncode == 0, result.stderr
     parsed = json.loads(record.read_text())
-    assert parsed["image_access"] == "fuse" and parsed["proc"] == "fresh"
+    assert parsed["image_access"] == "shared" and parsed["proc"] == "fresh"
 
 
 # ---- escapes, in the cells that run ----
