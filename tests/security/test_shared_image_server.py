@@ -290,4 +290,6 @@ def test_a_crash_of_the_shared_parser_ends_its_sandboxes_with_one_line(box, cach
     assert result.returncode == 0 and result.stdout == "1\n", result.stderr
     assert record["image_access"] == "shared"
     assert wait_for(lambda: shared_servers(cache) == [], 10)
-    assert new_fuse_connections(connections_before) == []
+    # The crashed server's connection goes once the last mount of it has (on a busy machine,
+    # seconds after its sandboxes).
+    assert new_fuse_connections(connections_before, wait=15.0) == []
