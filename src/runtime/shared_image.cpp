@@ -19,7 +19,10 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <future>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/mounts.h"
@@ -45,6 +48,9 @@ constexpr int kRequestWaitMs = 1000;
 // How long a supervisor whose mount is lost waits for the server's word on how its image server
 // died.
 constexpr int kLostServerWaitMs = 2000;
+// How long a supervisor asks its mount whether it has lost its server: a lost one says so at once,
+// a live one answers as soon as it is free, a stalled one never.
+constexpr int kMountProbeWaitMs = 500;
 // Descriptors the server keeps besides its sandboxes' connections.
 constexpr rlim_t kReservedDescriptors = 16;
 
@@ -430,12 +436,30 @@ std::optional<int> shared_server_death(int connection, int wait_ms) {
     return SIGKILL;  // a wait status: the server is gone, how it ended unknown
 }
 
+namespace {
+
+// Whether the image's mount has lost its server. statfs waits for a live server's answer, and a
+// stalled server (a hostile image can make its parser spin) never gives one: asked on a thread
+// of its own, not waited for past kMountProbeWaitMs (the thread ends with this process).
+bool image_mount_lost() {
+    auto answer = std::make_shared<std::promise<bool>>();
+    std::future<bool> lost = answer->get_future();
+    std::thread([answer] {
+        struct statfs fs {};
+        answer->set_value(::statfs(kImageDir, &fs) != 0 &&
+                          (errno == ENOTCONN || errno == ECONNABORTED));
+    }).detach();
+    return lost.wait_for(std::chrono::milliseconds(kMountProbeWaitMs)) ==
+               std::future_status::ready &&
+           lost.get();
+}
+
+}  // namespace
+
 std::optional<int> shared_server_death_at_end(int connection) {
     // A payload that failed on the lost mount may end before the server's word arrives; the
     // mount itself says whether there is one to wait for.
-    struct statfs fs {};
-    const bool lost = ::statfs(kImageDir, &fs) != 0 && (errno == ENOTCONN || errno == ECONNABORTED);
-    return shared_server_death(connection, lost ? kLostServerWaitMs : 0);
+    return shared_server_death(connection, image_mount_lost() ? kLostServerWaitMs : 0);
 }
 
 void attach_shared_image(UniqueFd mount) {

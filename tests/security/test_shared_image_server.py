@@ -293,3 +293,33 @@ def test_a_crash_of_the_shared_parser_ends_its_sandboxes_with_one_line(box, cach
     # The crashed server's connection goes once the last mount of it has (on a busy machine,
     # seconds after its sandboxes).
     assert new_fuse_connections(connections_before, wait=15.0) == []
+
+
+def test_a_stalled_shared_server_holds_no_sandbox_past_its_end_or_timeout(box, cache, tmp_path):
+    """A server that stops answering (a hostile image can make its parser spin) stalls only the
+    requests waiting on it: a sandbox whose payload ends without the image ends, one that waits
+    on the image ends at its --timeout with 124."""
+    env = environment(cache, idle=30)
+    waiting = subprocess.Popen(
+        box.argv(box.busybox_image, ["sh", "-c", "echo ready; read x; echo done", box.marker]),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    parser = None
+    try:
+        assert waiting.stdout.readline() == "ready\n"
+        [(server, [parser])] = shared_servers(cache)
+        os.kill(parser, signal.SIGSTOP)
+        # sh's read and echo are builtins: the payload ends without asking the image anything.
+        stdout, stderr = waiting.communicate("go\n", timeout=GRACE)
+        assert waiting.returncode == 0 and stdout == "done\n", stderr
+        result = box.run(box.busybox_image, "cat", "/bin/busybox", options=["--timeout", "2"],
+                         env=env, stdout=subprocess.DEVNULL)
+        assert result.returncode == 124, result.stderr
+        assert result.stderr.splitlines() == ["sqbox: timed out after 2 s; sandbox killed"]
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+            waiting.wait()
+        if parser is not None:
+            os.kill(parser, signal.SIGCONT)
+            os.kill(server, signal.SIGTERM)
+            wait_for(lambda: not Path(f"/proc/{parser}").exists(), 10)
