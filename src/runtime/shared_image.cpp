@@ -1,6 +1,7 @@
 #include "runtime/shared_image.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/mount.h>
@@ -27,6 +28,7 @@
 
 #include "runtime/mounts.h"
 #include "runtime/rootfs.h"
+#include "runtime/stage_report.h"
 #include "runtime/supervisor.h"
 #include "runtime/user_namespace.h"
 #include "util/errors.h"
@@ -48,8 +50,10 @@ constexpr int kRequestWaitMs = 1000;
 // How long a supervisor whose mount is lost waits for the server's word on how its image server
 // died.
 constexpr int kLostServerWaitMs = 2000;
-// How long a supervisor asks its mount whether it has lost its server: a lost one says so at once,
-// a live one answers as soon as it is free, a stalled one never.
+// How long a launcher waits for room in a busy server's backlog.
+constexpr int kConnectWaitMs = 1000;
+// How long the shared mount has to answer a statfs: a mount that has lost its server says so at
+// once, a live server answers as soon as it is free, a stalled one never.
 constexpr int kMountProbeWaitMs = 500;
 // Descriptors the server keeps besides its sandboxes' connections.
 constexpr rlim_t kReservedDescriptors = 16;
@@ -114,6 +118,12 @@ UniqueFd new_socket() {
 // A connection to the running server, or an invalid descriptor when none listens.
 UniqueFd connect_to_server(int dir_fd, const std::string& socket_name) {
     UniqueFd connection = new_socket();
+    // A connect to a full backlog waits for room, forever without a time limit (a socket taken
+    // by a process that never accepts).
+    const timeval limit{kConnectWaitMs / 1000, (kConnectWaitMs % 1000) * 1000};
+    if (::setsockopt(connection.get(), SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit) != 0) {
+        throw system_error("setsockopt(SO_SNDTIMEO)");
+    }
     const sockaddr_un address = address_in(dir_fd, socket_name);
     if (::connect(connection.get(), reinterpret_cast<const sockaddr*>(&address), sizeof address) ==
         0) {
@@ -132,6 +142,32 @@ bool wait_readable(int fd, int timeout_ms) {
     return ready > 0;
 }
 
+struct MountAnswer {
+    bool answered = false;  // else `error` says why not
+    int error = 0;
+    struct statfs fs {};
+};
+
+// `ask` (a statfs of the shared mount), if it is answered within kMountProbeWaitMs. The mount's
+// answer waits for its server, which may have stalled (a hostile image can make its parser
+// spin): asked on a thread of its own, which ends with this process if it never returns.
+template <typename Ask>
+std::optional<MountAnswer> statfs_within(Ask ask) {
+    auto promise = std::make_shared<std::promise<MountAnswer>>();
+    std::future<MountAnswer> answer = promise->get_future();
+    std::thread([promise, ask = std::move(ask)]() mutable {
+        MountAnswer got;
+        got.answered = ask(&got.fs) == 0;
+        got.error = errno;
+        promise->set_value(got);
+    }).detach();
+    if (answer.wait_for(std::chrono::milliseconds(kMountProbeWaitMs)) !=
+        std::future_status::ready) {
+        return std::nullopt;
+    }
+    return answer.get();
+}
+
 // Asks the server on `connection` for a copy of its mount; throws Error saying why not.
 SharedImage request_mount(UniqueFd connection, const std::string& identity) {
     send_fd_message(connection.get(), MessageTag::kImageMount, identity, {},
@@ -145,9 +181,19 @@ SharedImage request_mount(UniqueFd connection, const std::string& identity) {
     if (answer->tag != MessageTag::kImageMount || answer->fds.size() != 1) {
         throw Error("unexpected answer from the shared image server");
     }
-    // Not checked further (fstatfs would cost a round trip to the image server): the server is
-    // the caller's own process, reached through a directory private to the caller.
-    return {std::move(connection), std::move(answer->fds[0])};
+    // Whatever answered (the socket's directory may be mounted in a sandbox, whose payload can
+    // take the socket's name) must have sent a FUSE mount, and that mount's server must answer:
+    // the supervisor would wait on a stalled one before the sandbox's timeout counts.
+    UniqueFd mount = std::move(answer->fds[0]);
+    UniqueFd probed(::fcntl(mount.get(), F_DUPFD_CLOEXEC, 0));
+    if (!probed) throw system_error("dup of the shared image mount");
+    const std::optional<MountAnswer> probe = statfs_within(
+        [probed = std::move(probed)](struct statfs* fs) { return ::fstatfs(probed.get(), fs); });
+    if (!probe) throw Error("the shared image mount did not answer in time");
+    if (!probe->answered || probe->fs.f_type != FUSE_SUPER_MAGIC) {
+        throw Error("the shared image server's answer is not an image mount");
+    }
+    return {std::move(connection), std::move(mount)};
 }
 
 void redirect_stdio_to_null() {
@@ -436,30 +482,13 @@ std::optional<int> shared_server_death(int connection, int wait_ms) {
     return SIGKILL;  // a wait status: the server is gone, how it ended unknown
 }
 
-namespace {
-
-// Whether the image's mount has lost its server. statfs waits for a live server's answer, and a
-// stalled server (a hostile image can make its parser spin) never gives one: asked on a thread
-// of its own, not waited for past kMountProbeWaitMs (the thread ends with this process).
-bool image_mount_lost() {
-    auto answer = std::make_shared<std::promise<bool>>();
-    std::future<bool> lost = answer->get_future();
-    std::thread([answer] {
-        struct statfs fs {};
-        answer->set_value(::statfs(kImageDir, &fs) != 0 &&
-                          (errno == ENOTCONN || errno == ECONNABORTED));
-    }).detach();
-    return lost.wait_for(std::chrono::milliseconds(kMountProbeWaitMs)) ==
-               std::future_status::ready &&
-           lost.get();
-}
-
-}  // namespace
-
 std::optional<int> shared_server_death_at_end(int connection) {
     // A payload that failed on the lost mount may end before the server's word arrives; the
     // mount itself says whether there is one to wait for.
-    return shared_server_death(connection, image_mount_lost() ? kLostServerWaitMs : 0);
+    const std::optional<MountAnswer> answer =
+        statfs_within([](struct statfs* fs) { return ::statfs(kImageDir, fs); });
+    const bool lost = answer && !answer->answered && is_lost_image_server(answer->error);
+    return shared_server_death(connection, lost ? kLostServerWaitMs : 0);
 }
 
 void attach_shared_image(UniqueFd mount) {

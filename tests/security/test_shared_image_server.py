@@ -49,10 +49,10 @@ def environment(cache, idle=None):
     return env
 
 
-def run_json(box, cache, image, command, tmp_path, idle=None, options=()):
+def run_json(box, cache, image, command, tmp_path, idle=None, options=(), timeout=None):
     record = tmp_path / f"result-{time.monotonic_ns()}.json"
     result = box.run(image, *command, options=["--json", str(record), *options],
-                     env=environment(cache, idle))
+                     env=environment(cache, idle), timeout=timeout)
     return result, json.loads(record.read_text())
 
 
@@ -297,29 +297,105 @@ def test_a_crash_of_the_shared_parser_ends_its_sandboxes_with_one_line(box, cach
 
 def test_a_stalled_shared_server_holds_no_sandbox_past_its_end_or_timeout(box, cache, tmp_path):
     """A server that stops answering (a hostile image can make its parser spin) stalls only the
-    requests waiting on it: a sandbox whose payload ends without the image ends, one that waits
-    on the image ends at its --timeout with 124."""
+    requests waiting on it: of two sandboxes running when it stalls, the one whose payload ends
+    without the image ends, the one that reads the image ends at its --timeout with 124."""
     env = environment(cache, idle=30)
-    waiting = subprocess.Popen(
-        box.argv(box.busybox_image, ["sh", "-c", "echo ready; read x; echo done", box.marker]),
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    scripts = {"ends": "echo ready; read x; echo done",
+               "reads": "echo ready; read x; cat /bin/busybox > /dev/null; echo done"}
+    sandboxes = {name: subprocess.Popen(
+        box.argv(box.busybox_image, ["sh", "-c", script, box.marker], options=["--timeout", "8"]),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env) for name, script in scripts.items()}
     parser = None
     try:
-        assert waiting.stdout.readline() == "ready\n"
+        for sandbox in sandboxes.values():
+            assert sandbox.stdout.readline() == "ready\n"
         [(server, [parser])] = shared_servers(cache)
         os.kill(parser, signal.SIGSTOP)
-        # sh's read and echo are builtins: the payload ends without asking the image anything.
-        stdout, stderr = waiting.communicate("go\n", timeout=GRACE)
-        assert waiting.returncode == 0 and stdout == "done\n", stderr
-        result = box.run(box.busybox_image, "cat", "/bin/busybox", options=["--timeout", "2"],
-                         env=env, stdout=subprocess.DEVNULL)
-        assert result.returncode == 124, result.stderr
-        assert result.stderr.splitlines() == ["sqbox: timed out after 2 s; sandbox killed"]
+        # sh's read and echo are builtins: "ends" asks the image nothing.
+        stdout, stderr = sandboxes["ends"].communicate("go\n", timeout=GRACE)
+        assert sandboxes["ends"].returncode == 0 and stdout == "done\n", stderr
+        stdout, stderr = sandboxes["reads"].communicate("go\n", timeout=8 + GRACE)
+        assert sandboxes["reads"].returncode == 124 and stdout == "", stderr
+        assert stderr.splitlines() == ["sqbox: timed out after 8 s; sandbox killed"]
     finally:
-        if waiting.poll() is None:
-            waiting.kill()
-            waiting.wait()
+        for sandbox in sandboxes.values():
+            if sandbox.poll() is None:
+                sandbox.kill()
+                sandbox.wait()
         if parser is not None:
             os.kill(parser, signal.SIGCONT)
             os.kill(server, signal.SIGTERM)
             wait_for(lambda: not Path(f"/proc/{parser}").exists(), 10)
+
+
+def test_a_stalled_shared_server_makes_the_next_sandbox_serve_its_image_itself(
+        box, cache, tmp_path):
+    """A later sandbox of an image whose server has stalled (the image's warm-up files are
+    unpacked, so its supervisor lays them over the mount before the payload starts) does not wait
+    on it past its --timeout: its launcher finds the mount not answering and serves it itself."""
+    first, record = run_json(box, cache, box.python_image, ["true"], tmp_path, idle=30)
+    assert first.returncode == 0 and record["image_access"] == "shared", first.stderr
+    [(server, [parser])] = shared_servers(cache)
+    os.kill(parser, signal.SIGSTOP)
+    try:
+        result, record = run_json(box, cache, box.python_image, ["python3", "-c", "print(1)"],
+                                  tmp_path, idle=30, options=["--timeout", "5"])
+        assert result.returncode == 0 and result.stdout == "1\n", result.stderr
+        assert record["image_access"] == "fuse"
+    finally:
+        os.kill(parser, signal.SIGCONT)
+        os.kill(server, signal.SIGTERM)
+        wait_for(lambda: not Path(f"/proc/{parser}").exists(), 10)
+
+
+# Run by a payload given the cache directory (--mount ~:... is all it takes): it takes the
+# server's socket name. "silent" listens and never accepts (a backlog of one, filled at once);
+# "forged" answers every request with a descriptor of its own instead of the image's mount.
+SQUATTER = r"""
+import os, socket, sys
+path, how = sys.argv[1], sys.argv[2]
+os.unlink(path)
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+listener.bind(path)
+listener.listen(0)
+if how == "silent":
+    filler = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    filler.connect(path)
+print("squatted", flush=True)
+if how == "forged":
+    forged = os.open("/", os.O_PATH)
+    while True:
+        connection, _ = listener.accept()
+        connection.recv(4096)
+        socket.send_fds(connection, [b"m"], [forged])
+sys.stdin.read()
+"""
+
+
+@pytest.mark.parametrize("how", ["silent", "forged"])
+def test_a_payload_that_takes_the_servers_socket_neither_hangs_nor_breaks_the_next_sandbox(
+        box, cache, tmp_path, how):
+    first, record = run_json(box, cache, box.busybox_image, ["true"], tmp_path, idle=30)
+    assert first.returncode == 0 and record["image_access"] == "shared", first.stderr
+    [socket_path] = (cache / "image-servers").glob("*.socket")
+    squatter = subprocess.Popen(
+        box.argv(box.python_image, ["python3", "-c", SQUATTER,
+                                    f"/cache/image-servers/{socket_path.name}", how, box.marker],
+                 options=["--mount", f"{cache}:/cache", "--image-server-idle", "0",
+                          "--timeout", "120"]),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=environment(cache))
+    try:
+        assert squatter.stdout.readline() == "squatted\n", squatter.stderr.read()
+        # The squatter outlives the wait: the run must end by itself, within its timeout.
+        result, record = run_json(box, cache, box.busybox_image, ["echo", "ran"], tmp_path,
+                                  idle=30, options=["--timeout", "5"], timeout=5 + GRACE)
+        assert result.returncode == 0 and result.stdout == "ran\n", result.stderr
+        assert record["image_access"] == "fuse"
+    finally:
+        squatter.kill()
+        squatter.wait()
+        for server, _ in _image_servers({socket_path.name}):
+            if server not in _EARLIER[cache]:
+                os.kill(server, signal.SIGTERM)
