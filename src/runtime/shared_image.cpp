@@ -120,7 +120,7 @@ UniqueFd connect_to_server(int dir_fd, const std::string& socket_name) {
     UniqueFd connection = new_socket();
     // A connect to a full backlog waits for room, forever without a time limit (a socket taken
     // by a process that never accepts).
-    const timeval limit{kConnectWaitMs / 1000, (kConnectWaitMs % 1000) * 1000};
+    const timeval limit{kConnectWaitMs / 1000, suseconds_t{kConnectWaitMs % 1000} * 1000};
     if (::setsockopt(connection.get(), SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit) != 0) {
         throw system_error("setsockopt(SO_SNDTIMEO)");
     }
