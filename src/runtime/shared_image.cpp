@@ -72,8 +72,18 @@ UniqueFd open_servers_directory(const std::string& path) {
     return dir;
 }
 
-// What a server serves: the image file as it is now, read by this sqbox binary. A different
-// file, a changed one (mtime, ctime) or another build gets a server of its own.
+// The caller's cgroups. The server runs in them, and whoever ends them ends it (a batch system
+// kills a job's cgroup at the job's end): callers in other cgroups (another job's) get servers of
+// their own, which nothing of this one's end takes from them.
+std::string own_cgroups() {
+    const UniqueFd file(::open("/proc/self/cgroup", O_RDONLY | O_CLOEXEC));
+    if (!file) throw system_error("cannot open /proc/self/cgroup");
+    return read_all(file.get(), "/proc/self/cgroup");
+}
+
+// What a server serves: the image file as it is now, read by this sqbox binary, to callers in
+// the cgroups it runs in. A different file, a changed one (mtime, ctime), another build or
+// another cgroup gets a server of its own.
 std::string image_identity(const ImageSource& image) {
     struct stat file {};
     struct stat binary {};
@@ -88,7 +98,7 @@ std::string image_identity(const ImageSource& image) {
         static_cast<unsigned long long>(binary.st_dev),
         static_cast<unsigned long long>(binary.st_ino),
         static_cast<long long>(binary.st_mtim.tv_sec), binary.st_mtim.tv_nsec);
-    return text;
+    return text + std::string(" cgroups ") + own_cgroups();
 }
 
 std::string server_name(const std::string& identity) {

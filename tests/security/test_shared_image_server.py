@@ -206,12 +206,14 @@ def test_a_payload_finds_no_way_to_the_server(box, cache, tmp_path):
 
 def image_identity(image, binary):
     """The identity a launcher sends (runtime/shared_image.cpp, image_identity): anyone who can
-    stat the image and the binary can make it."""
+    stat the image and the binary and read the caller's cgroups can make it."""
     f, b = os.stat(image), os.stat(os.path.realpath(binary))
     def time_of(ns):
         return f"{ns // 10**9}.{ns % 10**9}"
+    # The sqbox it starts runs in this process's cgroups.
     return (f"image {f.st_dev:x}:{f.st_ino:x} {f.st_size} {time_of(f.st_mtime_ns)} "
-            f"{time_of(f.st_ctime_ns)} sqbox {b.st_dev:x}:{b.st_ino:x} {time_of(b.st_mtime_ns)}")
+            f"{time_of(f.st_ctime_ns)} sqbox {b.st_dev:x}:{b.st_ino:x} {time_of(b.st_mtime_ns)}"
+            f" cgroups {Path('/proc/self/cgroup').read_text()}")
 
 
 def peer_request(socket_path, user, identity):
@@ -399,3 +401,53 @@ def test_a_payload_that_takes_the_servers_socket_neither_hangs_nor_breaks_the_ne
         for server, _ in _image_servers({socket_path.name}):
             if server not in _EARLIER[cache]:
                 os.kill(server, signal.SIGTERM)
+
+
+def _job_cgroup(name):
+    """A cgroup for one simulated batch job (Slurm's proctrack/cgroup gives each job one and
+    kills every process in it when the job ends)."""
+    root = Path("/sys/fs/cgroup")
+    base = root if (root / "cgroup.controllers").exists() else root / "pids"
+    path = base / name
+    path.mkdir()
+    return path
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make cgroups")
+def test_the_end_of_one_job_ends_no_sandbox_of_another(box, cache, tmp_path):
+    """Two jobs of the caller's on one node, each in a cgroup of its own that is killed when the
+    job ends: the end of the job whose sandbox started the image's server ends no sandbox of the
+    other job."""
+    tag = f"sqbox-test-job-{os.getpid()}-{time.monotonic_ns()}"
+    jobs = [_job_cgroup(f"{tag}-{n}") for n in ("first", "second")]
+    env = environment(cache, idle=30)
+
+    def in_job(job, argv, **kwargs):
+        # The job's shell joins its cgroup, then runs sqbox as a batch script would.
+        return subprocess.Popen(["sh", "-c", f'echo $$ > {job}/cgroup.procs && exec "$@"', "sh",
+                                 *argv], env=env, text=True, **kwargs)
+
+    second = None
+    try:
+        first = in_job(jobs[0], box.argv(box.busybox_image, ["true"]),
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert first.wait(timeout=SANDBOX_TIMEOUT + GRACE) == 0, first.stderr.read()
+        second = in_job(jobs[1], box.argv(box.busybox_image, [
+            "sh", "-c", "echo ready; read x; md5sum /bin/busybox >/dev/null && echo done",
+            box.marker]), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert second.stdout.readline() == "ready\n", second.stderr.read()
+        # The first job ends: everything left in its cgroup is killed.
+        for pid in (jobs[0] / "cgroup.procs").read_text().split():
+            os.kill(int(pid), signal.SIGKILL)
+        time.sleep(1)
+        stdout, stderr = second.communicate("go\n", timeout=SANDBOX_TIMEOUT + GRACE)
+        assert second.returncode == 0 and stdout == "done\n", stderr
+    finally:
+        if second is not None and second.poll() is None:
+            second.kill()
+            second.wait()
+        for job in jobs:
+            for pid in (job / "cgroup.procs").read_text().split():
+                os.kill(int(pid), signal.SIGKILL)
+            wait_for(lambda: (job / "cgroup.procs").read_text() == "", 10)
+            job.rmdir()
