@@ -335,13 +335,16 @@ void serve_launchers(int listener, ChildProcess& server, const std::string& iden
             start_image_server(image, fuse.get(), ids, {listener.get()}, -1, nullptr);
         fuse.reset();  // the server's now
         serve_launchers(listener.get(), server, identity, idle);
-        // Unlinked while this process still holds the lock: the next server binds a new one.
+        // Unlinked while this process still holds the lock: the next server binds a new one,
+        // and locks a new file (lock_server_name).
         (void)::unlinkat(dir.get(), socket_name.c_str(), 0);  // gone already: nothing to do
+        (void)::unlinkat(dir.get(), (server_name(identity) + ".lock").c_str(), 0);  // likewise
         ::_exit(0);  // the image server dies with this process
     } catch (const Error& e) {
         why = e.what();
     }
     (void)::unlinkat(dir.get(), socket_name.c_str(), 0);
+    (void)::unlinkat(dir.get(), (server_name(identity) + ".lock").c_str(), 0);
     refuse_waiting_launchers(listener.get(), why);
     ::_exit(kExitSqboxFailure);
 }
@@ -408,6 +411,40 @@ void start_shared_server(const ImageSource& image, const SandboxConfig& config, 
     }
 }
 
+// The lock of server `name` in `dir_fd`, unless another process holds it. A lock on a file no
+// longer under the name (removed by remove_ended_servers meanwhile) is none.
+UniqueFd lock_server_name(int dir_fd, const std::string& name) {
+    const std::string lock_name = name + ".lock";
+    UniqueFd lock =
+        lock_file_within("/proc/self/fd/" + std::to_string(dir_fd) + "/" + lock_name, 0);
+    struct stat locked {};
+    struct stat named {};
+    if (!lock || ::fstat(lock.get(), &locked) != 0 ||
+        ::fstatat(dir_fd, lock_name.c_str(), &named, AT_SYMLINK_NOFOLLOW) != 0 ||
+        locked.st_dev != named.st_dev || locked.st_ino != named.st_ino) {
+        return {};
+    }
+    return lock;
+}
+
+// Removes the socket and lock of each server in `dir_fd` that ended without removing them
+// (killed with its batch job's cgroup, say): those whose lock no process holds.
+void remove_ended_servers(int dir_fd) {
+    std::vector<std::string> names;
+    // An unreadable directory leaves the files for a later start to remove.
+    (void)for_each_directory_entry("/proc/self/fd/" + std::to_string(dir_fd),
+                                   [&](int, const std::string& entry) {
+                                       if (entry.ends_with(".lock"))
+                                           names.push_back(entry.substr(0, entry.size() - 5));
+                                   });
+    for (const std::string& name : names) {
+        if (const UniqueFd lock = lock_server_name(dir_fd, name)) {
+            (void)::unlinkat(dir_fd, (name + ".socket").c_str(), 0);  // none: nothing to do
+            (void)::unlinkat(dir_fd, (name + ".lock").c_str(), 0);    // held: ours to remove
+        }
+    }
+}
+
 // The mount from the server in `directory`, starting it if no other launcher is doing so. The
 // lock decides which launcher starts it (and stays with the server for its life); the others
 // connect once it listens.
@@ -422,11 +459,12 @@ SharedImage share_from(const ImageSource& image, const SandboxConfig& config,
         if (UniqueFd connection = connect_to_server(dir.get(), socket_name)) {
             return request_mount(std::move(connection), identity);
         }
-        if (UniqueFd lock = lock_file_within(directory + "/" + name + ".lock", 0)) {
+        if (UniqueFd lock = lock_server_name(dir.get(), name)) {
             // The previous server may have exited between the connect and the lock.
             if (UniqueFd connection = connect_to_server(dir.get(), socket_name)) {
                 return request_mount(std::move(connection), identity);
             }
+            remove_ended_servers(dir.get());
             start_shared_server(image, config, dir.get(), socket_name, lock);
             UniqueFd connection = connect_to_server(dir.get(), socket_name);
             if (!connection) throw Error("the shared image server did not start");

@@ -113,7 +113,7 @@ def test_sandboxes_of_an_image_share_one_server_which_leaves_nothing_after_its_i
     # Idle for 2 s: the server, its parser, its socket and its FUSE connection go.
     pids = [servers[0][0], *servers[0][1]]
     assert wait_for(lambda: not any(Path(f"/proc/{p}").exists() for p in pids), 15), pids
-    assert list((cache / "image-servers").glob("*.socket")) == []
+    assert list((cache / "image-servers").iterdir()) == []  # neither socket nor lock
     assert new_fuse_connections(connections_before) == []
     # --image-server-idle 0: a server of the sandbox's own, none left running.
     own, own_record = run_json(box, cache, box.busybox_image, ["true"], tmp_path,
@@ -451,3 +451,33 @@ def test_the_end_of_one_job_ends_no_sandbox_of_another(box, cache, tmp_path):
                 os.kill(int(pid), signal.SIGKILL)
             wait_for(lambda: (job / "cgroup.procs").read_text() == "", 10)
             job.rmdir()
+
+
+def test_a_server_killed_before_it_could_clean_up_is_swept_by_the_next_one(box, cache, tmp_path):
+    """A server killed (its job's cgroup at the job's end) leaves its socket and lock; the next
+    server started in the directory, of any image, removes them, and nothing of a live one."""
+    result, record = run_json(box, cache, box.busybox_image, ["true"], tmp_path, idle=30)
+    assert result.returncode == 0 and record["image_access"] == "shared", result.stderr
+    [(killed, kids)] = shared_servers(cache)
+    left = sorted(p.name for p in (cache / "image-servers").iterdir())
+    assert len(left) == 2, left  # its socket and lock
+    for pid in (killed, *kids):
+        os.kill(pid, signal.SIGKILL)
+    assert wait_for(lambda: not any(Path(f"/proc/{p}").exists() for p in (killed, *kids)), 10)
+    live = []
+    try:
+        # Another image's server starts: the killed one's files go.
+        result, record = run_json(box, cache, box.python_image, ["true"], tmp_path, idle=30)
+        assert result.returncode == 0 and record["image_access"] == "shared", result.stderr
+        python_files = sorted(p.name for p in (cache / "image-servers").iterdir())
+        assert len(python_files) == 2 and not set(left) & set(python_files), (left, python_files)
+        # The killed one's image gets a new server; the live one's files stay.
+        result, record = run_json(box, cache, box.busybox_image, ["true"], tmp_path, idle=30)
+        assert result.returncode == 0 and record["image_access"] == "shared", result.stderr
+        live = shared_servers(cache)
+        assert len(live) == 2, live
+        names = sorted(p.name for p in (cache / "image-servers").iterdir())
+        assert names == sorted(left + python_files), names
+    finally:
+        for server, _ in live:
+            os.kill(server, signal.SIGTERM)
