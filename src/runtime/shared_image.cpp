@@ -434,8 +434,9 @@ void remove_ended_servers(int dir_fd) {
     // An unreadable directory leaves the files for a later start to remove.
     (void)for_each_directory_entry("/proc/self/fd/" + std::to_string(dir_fd),
                                    [&](int, const std::string& entry) {
-                                       if (entry.ends_with(".lock"))
+                                       if (entry.ends_with(".lock")) {
                                            names.push_back(entry.substr(0, entry.size() - 5));
+                                       }
                                    });
     for (const std::string& name : names) {
         if (const UniqueFd lock = lock_server_name(dir_fd, name)) {
