@@ -1,6 +1,7 @@
 #include "runtime/shared_image.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/mount.h>
@@ -19,11 +20,15 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <future>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/mounts.h"
 #include "runtime/rootfs.h"
+#include "runtime/stage_report.h"
 #include "runtime/supervisor.h"
 #include "runtime/user_namespace.h"
 #include "util/errors.h"
@@ -45,6 +50,11 @@ constexpr int kRequestWaitMs = 1000;
 // How long a supervisor whose mount is lost waits for the server's word on how its image server
 // died.
 constexpr int kLostServerWaitMs = 2000;
+// How long a launcher waits for room in a busy server's backlog.
+constexpr int kConnectWaitMs = 1000;
+// How long the shared mount has to answer a statfs: a mount that has lost its server says so at
+// once, a live server answers as soon as it is free, a stalled one never.
+constexpr int kMountProbeWaitMs = 500;
 // Descriptors the server keeps besides its sandboxes' connections.
 constexpr rlim_t kReservedDescriptors = 16;
 
@@ -62,8 +72,18 @@ UniqueFd open_servers_directory(const std::string& path) {
     return dir;
 }
 
-// What a server serves: the image file as it is now, read by this sqbox binary. A different
-// file, a changed one (mtime, ctime) or another build gets a server of its own.
+// The caller's cgroups. The server runs in them, and whoever ends them ends it (a batch system
+// kills a job's cgroup at the job's end): callers in other cgroups (another job's) get servers of
+// their own, which nothing of this one's end takes from them.
+std::string own_cgroups() {
+    const UniqueFd file(::open("/proc/self/cgroup", O_RDONLY | O_CLOEXEC));
+    if (!file) throw system_error("cannot open /proc/self/cgroup");
+    return read_all(file.get(), "/proc/self/cgroup");
+}
+
+// What a server serves: the image file as it is now, read by this sqbox binary, to callers in
+// the cgroups it runs in. A different file, a changed one (mtime, ctime), another build or
+// another cgroup gets a server of its own.
 std::string image_identity(const ImageSource& image) {
     struct stat file {};
     struct stat binary {};
@@ -78,7 +98,7 @@ std::string image_identity(const ImageSource& image) {
         static_cast<unsigned long long>(binary.st_dev),
         static_cast<unsigned long long>(binary.st_ino),
         static_cast<long long>(binary.st_mtim.tv_sec), binary.st_mtim.tv_nsec);
-    return text;
+    return text + std::string(" cgroups ") + own_cgroups();
 }
 
 std::string server_name(const std::string& identity) {
@@ -108,6 +128,12 @@ UniqueFd new_socket() {
 // A connection to the running server, or an invalid descriptor when none listens.
 UniqueFd connect_to_server(int dir_fd, const std::string& socket_name) {
     UniqueFd connection = new_socket();
+    // A connect to a full backlog waits for room, forever without a time limit (a socket taken
+    // by a process that never accepts).
+    const timeval limit{kConnectWaitMs / 1000, suseconds_t{kConnectWaitMs % 1000} * 1000};
+    if (::setsockopt(connection.get(), SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit) != 0) {
+        throw system_error("setsockopt(SO_SNDTIMEO)");
+    }
     const sockaddr_un address = address_in(dir_fd, socket_name);
     if (::connect(connection.get(), reinterpret_cast<const sockaddr*>(&address), sizeof address) ==
         0) {
@@ -126,6 +152,32 @@ bool wait_readable(int fd, int timeout_ms) {
     return ready > 0;
 }
 
+struct MountAnswer {
+    bool answered = false;  // else `error` says why not
+    int error = 0;
+    struct statfs fs {};
+};
+
+// `ask` (a statfs of the shared mount), if it is answered within kMountProbeWaitMs. The mount's
+// answer waits for its server, which may have stalled (a hostile image can make its parser
+// spin): asked on a thread of its own, which ends with this process if it never returns.
+template <typename Ask>
+std::optional<MountAnswer> statfs_within(Ask ask) {
+    auto promise = std::make_shared<std::promise<MountAnswer>>();
+    std::future<MountAnswer> answer = promise->get_future();
+    std::thread([promise, ask = std::move(ask)]() mutable {
+        MountAnswer got;
+        got.answered = ask(&got.fs) == 0;
+        got.error = errno;
+        promise->set_value(got);
+    }).detach();
+    if (answer.wait_for(std::chrono::milliseconds(kMountProbeWaitMs)) !=
+        std::future_status::ready) {
+        return std::nullopt;
+    }
+    return answer.get();
+}
+
 // Asks the server on `connection` for a copy of its mount; throws Error saying why not.
 SharedImage request_mount(UniqueFd connection, const std::string& identity) {
     send_fd_message(connection.get(), MessageTag::kImageMount, identity, {},
@@ -139,9 +191,19 @@ SharedImage request_mount(UniqueFd connection, const std::string& identity) {
     if (answer->tag != MessageTag::kImageMount || answer->fds.size() != 1) {
         throw Error("unexpected answer from the shared image server");
     }
-    // Not checked further (fstatfs would cost a round trip to the image server): the server is
-    // the caller's own process, reached through a directory private to the caller.
-    return {std::move(connection), std::move(answer->fds[0])};
+    // Whatever answered (the socket's directory may be mounted in a sandbox, whose payload can
+    // take the socket's name) must have sent a FUSE mount, and that mount's server must answer:
+    // the supervisor would wait on a stalled one before the sandbox's timeout counts.
+    UniqueFd mount = std::move(answer->fds[0]);
+    UniqueFd probed(::fcntl(mount.get(), F_DUPFD_CLOEXEC, 0));
+    if (!probed) throw system_error("dup of the shared image mount");
+    const std::optional<MountAnswer> probe = statfs_within(
+        [probed = std::move(probed)](struct statfs* fs) { return ::fstatfs(probed.get(), fs); });
+    if (!probe) throw Error("the shared image mount did not answer in time");
+    if (!probe->answered || probe->fs.f_type != FUSE_SUPER_MAGIC) {
+        throw Error("the shared image server's answer is not an image mount");
+    }
+    return {std::move(connection), std::move(mount)};
 }
 
 void redirect_stdio_to_null() {
@@ -273,13 +335,16 @@ void serve_launchers(int listener, ChildProcess& server, const std::string& iden
             start_image_server(image, fuse.get(), ids, {listener.get()}, -1, nullptr);
         fuse.reset();  // the server's now
         serve_launchers(listener.get(), server, identity, idle);
-        // Unlinked while this process still holds the lock: the next server binds a new one.
+        // Unlinked while this process still holds the lock: the next server binds a new one,
+        // and locks a new file (lock_server_name).
         (void)::unlinkat(dir.get(), socket_name.c_str(), 0);  // gone already: nothing to do
+        (void)::unlinkat(dir.get(), (server_name(identity) + ".lock").c_str(), 0);  // likewise
         ::_exit(0);  // the image server dies with this process
     } catch (const Error& e) {
         why = e.what();
     }
     (void)::unlinkat(dir.get(), socket_name.c_str(), 0);
+    (void)::unlinkat(dir.get(), (server_name(identity) + ".lock").c_str(), 0);
     refuse_waiting_launchers(listener.get(), why);
     ::_exit(kExitSqboxFailure);
 }
@@ -346,6 +411,41 @@ void start_shared_server(const ImageSource& image, const SandboxConfig& config, 
     }
 }
 
+// The lock of server `name` in `dir_fd`, unless another process holds it. A lock on a file no
+// longer under the name (removed by remove_ended_servers meanwhile) is none.
+UniqueFd lock_server_name(int dir_fd, const std::string& name) {
+    const std::string lock_name = name + ".lock";
+    UniqueFd lock =
+        lock_file_within("/proc/self/fd/" + std::to_string(dir_fd) + "/" + lock_name, 0);
+    struct stat locked {};
+    struct stat named {};
+    if (!lock || ::fstat(lock.get(), &locked) != 0 ||
+        ::fstatat(dir_fd, lock_name.c_str(), &named, AT_SYMLINK_NOFOLLOW) != 0 ||
+        locked.st_dev != named.st_dev || locked.st_ino != named.st_ino) {
+        return {};
+    }
+    return lock;
+}
+
+// Removes the socket and lock of each server in `dir_fd` that ended without removing them
+// (killed with its batch job's cgroup, say): those whose lock no process holds.
+void remove_ended_servers(int dir_fd) {
+    std::vector<std::string> names;
+    // An unreadable directory leaves the files for a later start to remove.
+    (void)for_each_directory_entry("/proc/self/fd/" + std::to_string(dir_fd),
+                                   [&](int, const std::string& entry) {
+                                       if (entry.ends_with(".lock")) {
+                                           names.push_back(entry.substr(0, entry.size() - 5));
+                                       }
+                                   });
+    for (const std::string& name : names) {
+        if (const UniqueFd lock = lock_server_name(dir_fd, name)) {
+            (void)::unlinkat(dir_fd, (name + ".socket").c_str(), 0);  // none: nothing to do
+            (void)::unlinkat(dir_fd, (name + ".lock").c_str(), 0);    // held: ours to remove
+        }
+    }
+}
+
 // The mount from the server in `directory`, starting it if no other launcher is doing so. The
 // lock decides which launcher starts it (and stays with the server for its life); the others
 // connect once it listens.
@@ -360,11 +460,12 @@ SharedImage share_from(const ImageSource& image, const SandboxConfig& config,
         if (UniqueFd connection = connect_to_server(dir.get(), socket_name)) {
             return request_mount(std::move(connection), identity);
         }
-        if (UniqueFd lock = lock_file_within(directory + "/" + name + ".lock", 0)) {
+        if (UniqueFd lock = lock_server_name(dir.get(), name)) {
             // The previous server may have exited between the connect and the lock.
             if (UniqueFd connection = connect_to_server(dir.get(), socket_name)) {
                 return request_mount(std::move(connection), identity);
             }
+            remove_ended_servers(dir.get());
             start_shared_server(image, config, dir.get(), socket_name, lock);
             UniqueFd connection = connect_to_server(dir.get(), socket_name);
             if (!connection) throw Error("the shared image server did not start");
@@ -433,8 +534,9 @@ std::optional<int> shared_server_death(int connection, int wait_ms) {
 std::optional<int> shared_server_death_at_end(int connection) {
     // A payload that failed on the lost mount may end before the server's word arrives; the
     // mount itself says whether there is one to wait for.
-    struct statfs fs {};
-    const bool lost = ::statfs(kImageDir, &fs) != 0 && (errno == ENOTCONN || errno == ECONNABORTED);
+    const std::optional<MountAnswer> answer =
+        statfs_within([](struct statfs* fs) { return ::statfs(kImageDir, fs); });
+    const bool lost = answer && !answer->answered && is_lost_image_server(answer->error);
     return shared_server_death(connection, lost ? kLostServerWaitMs : 0);
 }
 

@@ -49,10 +49,10 @@ def environment(cache, idle=None):
     return env
 
 
-def run_json(box, cache, image, command, tmp_path, idle=None, options=()):
+def run_json(box, cache, image, command, tmp_path, idle=None, options=(), timeout=None):
     record = tmp_path / f"result-{time.monotonic_ns()}.json"
     result = box.run(image, *command, options=["--json", str(record), *options],
-                     env=environment(cache, idle))
+                     env=environment(cache, idle), timeout=timeout)
     return result, json.loads(record.read_text())
 
 
@@ -113,7 +113,7 @@ def test_sandboxes_of_an_image_share_one_server_which_leaves_nothing_after_its_i
     # Idle for 2 s: the server, its parser, its socket and its FUSE connection go.
     pids = [servers[0][0], *servers[0][1]]
     assert wait_for(lambda: not any(Path(f"/proc/{p}").exists() for p in pids), 15), pids
-    assert list((cache / "image-servers").glob("*.socket")) == []
+    assert list((cache / "image-servers").iterdir()) == []  # neither socket nor lock
     assert new_fuse_connections(connections_before) == []
     # --image-server-idle 0: a server of the sandbox's own, none left running.
     own, own_record = run_json(box, cache, box.busybox_image, ["true"], tmp_path,
@@ -206,12 +206,14 @@ def test_a_payload_finds_no_way_to_the_server(box, cache, tmp_path):
 
 def image_identity(image, binary):
     """The identity a launcher sends (runtime/shared_image.cpp, image_identity): anyone who can
-    stat the image and the binary can make it."""
+    stat the image and the binary and read the caller's cgroups can make it."""
     f, b = os.stat(image), os.stat(os.path.realpath(binary))
     def time_of(ns):
         return f"{ns // 10**9}.{ns % 10**9}"
+    # The sqbox it starts runs in this process's cgroups.
     return (f"image {f.st_dev:x}:{f.st_ino:x} {f.st_size} {time_of(f.st_mtime_ns)} "
-            f"{time_of(f.st_ctime_ns)} sqbox {b.st_dev:x}:{b.st_ino:x} {time_of(b.st_mtime_ns)}")
+            f"{time_of(f.st_ctime_ns)} sqbox {b.st_dev:x}:{b.st_ino:x} {time_of(b.st_mtime_ns)}"
+            f" cgroups {Path('/proc/self/cgroup').read_text()}")
 
 
 def peer_request(socket_path, user, identity):
@@ -293,3 +295,189 @@ def test_a_crash_of_the_shared_parser_ends_its_sandboxes_with_one_line(box, cach
     # The crashed server's connection goes once the last mount of it has (on a busy machine,
     # seconds after its sandboxes).
     assert new_fuse_connections(connections_before, wait=15.0) == []
+
+
+def test_a_stalled_shared_server_holds_no_sandbox_past_its_end_or_timeout(box, cache, tmp_path):
+    """A server that stops answering (a hostile image can make its parser spin) stalls only the
+    requests waiting on it: of two sandboxes running when it stalls, the one whose payload ends
+    without the image ends, the one that reads the image ends at its --timeout with 124."""
+    env = environment(cache, idle=30)
+    scripts = {"ends": "echo ready; read x; echo done",
+               "reads": "echo ready; read x; cat /bin/busybox > /dev/null; echo done"}
+    sandboxes = {name: subprocess.Popen(
+        box.argv(box.busybox_image, ["sh", "-c", script, box.marker], options=["--timeout", "8"]),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env) for name, script in scripts.items()}
+    parser = None
+    try:
+        for sandbox in sandboxes.values():
+            assert sandbox.stdout.readline() == "ready\n"
+        [(server, [parser])] = shared_servers(cache)
+        os.kill(parser, signal.SIGSTOP)
+        # sh's read and echo are builtins: "ends" asks the image nothing.
+        stdout, stderr = sandboxes["ends"].communicate("go\n", timeout=GRACE)
+        assert sandboxes["ends"].returncode == 0 and stdout == "done\n", stderr
+        stdout, stderr = sandboxes["reads"].communicate("go\n", timeout=8 + GRACE)
+        assert sandboxes["reads"].returncode == 124 and stdout == "", stderr
+        assert stderr.splitlines() == ["sqbox: timed out after 8 s; sandbox killed"]
+    finally:
+        for sandbox in sandboxes.values():
+            if sandbox.poll() is None:
+                sandbox.kill()
+                sandbox.wait()
+        if parser is not None:
+            os.kill(parser, signal.SIGCONT)
+            os.kill(server, signal.SIGTERM)
+            wait_for(lambda: not Path(f"/proc/{parser}").exists(), 10)
+
+
+def test_a_stalled_shared_server_makes_the_next_sandbox_serve_its_image_itself(
+        box, cache, tmp_path):
+    """A later sandbox of an image whose server has stalled (the image's warm-up files are
+    unpacked, so its supervisor lays them over the mount before the payload starts) does not wait
+    on it past its --timeout: its launcher finds the mount not answering and serves it itself."""
+    first, record = run_json(box, cache, box.python_image, ["true"], tmp_path, idle=30)
+    assert first.returncode == 0 and record["image_access"] == "shared", first.stderr
+    [(server, [parser])] = shared_servers(cache)
+    os.kill(parser, signal.SIGSTOP)
+    try:
+        result, record = run_json(box, cache, box.python_image, ["python3", "-c", "print(1)"],
+                                  tmp_path, idle=30, options=["--timeout", "5"])
+        assert result.returncode == 0 and result.stdout == "1\n", result.stderr
+        assert record["image_access"] == "fuse"
+    finally:
+        os.kill(parser, signal.SIGCONT)
+        os.kill(server, signal.SIGTERM)
+        wait_for(lambda: not Path(f"/proc/{parser}").exists(), 10)
+
+
+# Run by a payload given the cache directory (--mount ~:... is all it takes): it takes the
+# server's socket name. "silent" listens and never accepts (a backlog of one, filled at once);
+# "forged" answers every request with a descriptor of its own instead of the image's mount.
+SQUATTER = r"""
+import os, socket, sys
+path, how = sys.argv[1], sys.argv[2]
+os.unlink(path)
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+listener.bind(path)
+listener.listen(0)
+if how == "silent":
+    filler = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    filler.connect(path)
+print("squatted", flush=True)
+if how == "forged":
+    forged = os.open("/", os.O_PATH)
+    while True:
+        connection, _ = listener.accept()
+        connection.recv(4096)
+        socket.send_fds(connection, [b"m"], [forged])
+sys.stdin.read()
+"""
+
+
+@pytest.mark.parametrize("how", ["silent", "forged"])
+def test_a_payload_that_takes_the_servers_socket_neither_hangs_nor_breaks_the_next_sandbox(
+        box, cache, tmp_path, how):
+    first, record = run_json(box, cache, box.busybox_image, ["true"], tmp_path, idle=30)
+    assert first.returncode == 0 and record["image_access"] == "shared", first.stderr
+    [socket_path] = (cache / "image-servers").glob("*.socket")
+    squatter = subprocess.Popen(
+        box.argv(box.python_image, ["python3", "-c", SQUATTER,
+                                    f"/cache/image-servers/{socket_path.name}", how, box.marker],
+                 options=["--mount", f"{cache}:/cache", "--image-server-idle", "0",
+                          "--timeout", "120"]),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=environment(cache))
+    try:
+        assert squatter.stdout.readline() == "squatted\n", squatter.stderr.read()
+        # The squatter outlives the wait: the run must end by itself, within its timeout.
+        result, record = run_json(box, cache, box.busybox_image, ["echo", "ran"], tmp_path,
+                                  idle=30, options=["--timeout", "5"], timeout=5 + GRACE)
+        assert result.returncode == 0 and result.stdout == "ran\n", result.stderr
+        assert record["image_access"] == "fuse"
+    finally:
+        squatter.kill()
+        squatter.wait()
+        for server, _ in _image_servers({socket_path.name}):
+            if server not in _EARLIER[cache]:
+                os.kill(server, signal.SIGTERM)
+
+
+def _job_cgroup(name):
+    """A cgroup for one simulated batch job (Slurm's proctrack/cgroup gives each job one and
+    kills every process in it when the job ends)."""
+    root = Path("/sys/fs/cgroup")
+    base = root if (root / "cgroup.controllers").exists() else root / "pids"
+    path = base / name
+    path.mkdir()
+    return path
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make cgroups")
+def test_the_end_of_one_job_ends_no_sandbox_of_another(box, cache, tmp_path):
+    """Two jobs of the caller's on one node, each in a cgroup of its own that is killed when the
+    job ends: the end of the job whose sandbox started the image's server ends no sandbox of the
+    other job."""
+    tag = f"sqbox-test-job-{os.getpid()}-{time.monotonic_ns()}"
+    jobs = [_job_cgroup(f"{tag}-{n}") for n in ("first", "second")]
+    env = environment(cache, idle=30)
+
+    def in_job(job, argv, **kwargs):
+        # The job's shell joins its cgroup, then runs sqbox as a batch script would.
+        return subprocess.Popen(["sh", "-c", f'echo $$ > {job}/cgroup.procs && exec "$@"', "sh",
+                                 *argv], env=env, text=True, **kwargs)
+
+    second = None
+    try:
+        first = in_job(jobs[0], box.argv(box.busybox_image, ["true"]),
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert first.wait(timeout=SANDBOX_TIMEOUT + GRACE) == 0, first.stderr.read()
+        second = in_job(jobs[1], box.argv(box.busybox_image, [
+            "sh", "-c", "echo ready; read x; md5sum /bin/busybox >/dev/null && echo done",
+            box.marker]), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert second.stdout.readline() == "ready\n", second.stderr.read()
+        # The first job ends: everything left in its cgroup is killed.
+        for pid in (jobs[0] / "cgroup.procs").read_text().split():
+            os.kill(int(pid), signal.SIGKILL)
+        time.sleep(1)
+        stdout, stderr = second.communicate("go\n", timeout=SANDBOX_TIMEOUT + GRACE)
+        assert second.returncode == 0 and stdout == "done\n", stderr
+    finally:
+        if second is not None and second.poll() is None:
+            second.kill()
+            second.wait()
+        for job in jobs:
+            for pid in (job / "cgroup.procs").read_text().split():
+                os.kill(int(pid), signal.SIGKILL)
+            wait_for(lambda: (job / "cgroup.procs").read_text() == "", 10)
+            job.rmdir()
+
+
+def test_a_server_killed_before_it_could_clean_up_is_swept_by_the_next_one(box, cache, tmp_path):
+    """A server killed (its job's cgroup at the job's end) leaves its socket and lock; the next
+    server started in the directory, of any image, removes them, and nothing of a live one."""
+    result, record = run_json(box, cache, box.busybox_image, ["true"], tmp_path, idle=30)
+    assert result.returncode == 0 and record["image_access"] == "shared", result.stderr
+    [(killed, kids)] = shared_servers(cache)
+    left = sorted(p.name for p in (cache / "image-servers").iterdir())
+    assert len(left) == 2, left  # its socket and lock
+    for pid in (killed, *kids):
+        os.kill(pid, signal.SIGKILL)
+    assert wait_for(lambda: not any(Path(f"/proc/{p}").exists() for p in (killed, *kids)), 10)
+    live = []
+    try:
+        # Another image's server starts: the killed one's files go.
+        result, record = run_json(box, cache, box.python_image, ["true"], tmp_path, idle=30)
+        assert result.returncode == 0 and record["image_access"] == "shared", result.stderr
+        python_files = sorted(p.name for p in (cache / "image-servers").iterdir())
+        assert len(python_files) == 2 and not set(left) & set(python_files), (left, python_files)
+        # The killed one's image gets a new server; the live one's files stay.
+        result, record = run_json(box, cache, box.busybox_image, ["true"], tmp_path, idle=30)
+        assert result.returncode == 0 and record["image_access"] == "shared", result.stderr
+        live = shared_servers(cache)
+        assert len(live) == 2, live
+        names = sorted(p.name for p in (cache / "image-servers").iterdir())
+        assert names == sorted(left + python_files), names
+    finally:
+        for server, _ in live:
+            os.kill(server, signal.SIGTERM)
