@@ -81,9 +81,17 @@ std::string own_cgroups() {
     return read_all(file.get(), "/proc/self/cgroup");
 }
 
+// This boot of this machine: a home directory shared by several nodes (NFS) holds the servers'
+// sockets and locks of all of them, and one node's server is of no use to another.
+std::string boot_id() {
+    const UniqueFd file(::open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC));
+    if (!file) throw system_error("cannot open /proc/sys/kernel/random/boot_id");
+    return read_all(file.get(), "/proc/sys/kernel/random/boot_id");
+}
+
 // What a server serves: the image file as it is now, read by this sqbox binary, to callers in
-// the cgroups it runs in. A different file, a changed one (mtime, ctime), another build or
-// another cgroup gets a server of its own.
+// the cgroups it runs in, on this machine. A different file, a changed one (mtime, ctime),
+// another build, another cgroup or another node gets a server of its own.
 std::string image_identity(const ImageSource& image) {
     struct stat file {};
     struct stat binary {};
@@ -98,7 +106,7 @@ std::string image_identity(const ImageSource& image) {
         static_cast<unsigned long long>(binary.st_dev),
         static_cast<unsigned long long>(binary.st_ino),
         static_cast<long long>(binary.st_mtim.tv_sec), binary.st_mtim.tv_nsec);
-    return text + std::string(" cgroups ") + own_cgroups();
+    return text + std::string(" boot ") + boot_id() + " cgroups " + own_cgroups();
 }
 
 std::string server_name(const std::string& identity) {

@@ -213,6 +213,7 @@ def image_identity(image, binary):
     # The sqbox it starts runs in this process's cgroups.
     return (f"image {f.st_dev:x}:{f.st_ino:x} {f.st_size} {time_of(f.st_mtime_ns)} "
             f"{time_of(f.st_ctime_ns)} sqbox {b.st_dev:x}:{b.st_ino:x} {time_of(b.st_mtime_ns)}"
+            f" boot {Path('/proc/sys/kernel/random/boot_id').read_text()}"
             f" cgroups {Path('/proc/self/cgroup').read_text()}")
 
 
