@@ -159,9 +159,17 @@ void redirect_stdio_to_null() {
 // Tells the launchers waiting on `listener` why this server cannot serve them (they serve their
 // images themselves).
 void refuse_waiting_launchers(int listener, const std::string& why) {
+    // Only those already waiting (the socket's name is gone): an accept that waited for another
+    // would keep this process, and the image's mount, for good.
+    const int flags = ::fcntl(listener, F_GETFL);
+    if (flags < 0 || ::fcntl(listener, F_SETFL, flags | O_NONBLOCK) != 0) return;
     for (;;) {
         UniqueFd connection(::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
         if (!connection) return;
+        // Its request read first if it came (closing on an unread one resets the connection
+        // before the launcher reads why): nothing to do if it did not.
+        char request[512];
+        (void)::recv(connection.get(), request, sizeof request, MSG_DONTWAIT);
         try {
             send_fd_message(connection.get(), MessageTag::kFailed, why, {}, "a refusal");
         } catch (const Error&) {
