@@ -322,8 +322,9 @@ void stop_flushes(const std::string& image_dir) {
         if (!dir) continue;
         ++listed;
         const int dir_fd = dir.get();
-        std::unique_ptr<DIR, int (*)(DIR*)> listing(::fdopendir(dir.release()), ::closedir);
+        std::unique_ptr<DIR, int (*)(DIR*)> listing(::fdopendir(dir_fd), ::closedir);
         if (!listing) throw system_error("cannot list " + path + " of the image");
+        (void)dir.release();  // the listing's now
         for (;;) {
             errno = 0;
             const dirent* entry = ::readdir(listing.get());
