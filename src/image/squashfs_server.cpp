@@ -167,13 +167,13 @@ void op_unsupported(fuse_req_t req, fuse_ino_t /*ino*/, struct fuse_file_info* /
     fuse_reply_err(req, ENOSYS);
 }
 
-// Files are opened for real, to say FOPEN_NOFLUSH: without it every close of a file of the image
-// sends FLUSH and waits for the answer (until the first ENOSYS tells the kernel to stop), and a
-// close that waits once this server has died never ends: the server's own read-ahead thread closes
-// files of this mount, and when the process is killed its last thread closes them while exiting,
-// holding the very connection that would have to answer (seen as sandboxes that never end once
-// init failed early). The contents stay cached (FOPEN_KEEP_CACHE); read finds the inode from its
-// number, as before.
+// FileOpens::kAnswered: files are opened for real, to say FOPEN_NOFLUSH: without it every close of
+// a file of the image sends FLUSH and waits for the answer (until the first ENOSYS tells the kernel
+// to stop), and a close that waits once this server has died never ends: the server's own
+// read-ahead thread closes files of this mount, and when the process is killed its last thread
+// closes them while exiting, holding the very connection that would have to answer (seen as
+// sandboxes that never end once init failed early). The contents stay cached (FOPEN_KEEP_CACHE);
+// read finds the inode from its number, as before.
 void op_open(fuse_req_t req, fuse_ino_t /*ino*/, struct fuse_file_info* fi) {
     if ((fi->flags & O_ACCMODE) != O_RDONLY) {
         fuse_reply_err(req, EROFS);
@@ -182,6 +182,14 @@ void op_open(fuse_req_t req, fuse_ino_t /*ino*/, struct fuse_file_info* fi) {
     fi->keep_cache = 1;
     fi->noflush = 1;
     fuse_reply_open(req, fi);
+}
+
+// FileOpens::kWithoutMessages: the kernel takes ENOSYS to mean "open without asking" and asks no
+// more (keeping contents cached, as FOPEN_KEEP_CACHE would). FLUSH, having no handler, is refused
+// with ENOSYS too, which ends FLUSH for the connection (see FileOpens). The mount is read-only,
+// so no open for writing comes here; one that did would be refused and ask again next time.
+void op_open_without_messages(fuse_req_t req, fuse_ino_t /*ino*/, struct fuse_file_info* fi) {
+    fuse_reply_err(req, (fi->flags & O_ACCMODE) != O_RDONLY ? EROFS : ENOSYS);
 }
 
 // Extended attributes are not exposed: overlayfs would otherwise ask for its own user.overlay.*
@@ -315,13 +323,13 @@ void op_init(void* /*userdata*/, fuse_conn_info* connection) {
     }
 }
 
-fuse_lowlevel_ops make_operations() {
+fuse_lowlevel_ops make_operations(FileOpens file_opens) {
     fuse_lowlevel_ops ops{};
     ops.init = op_init;
     ops.lookup = op_lookup;
     ops.getattr = op_getattr;
     ops.forget = sqfs_ll_op_forget;
-    ops.open = op_open;
+    ops.open = file_opens == FileOpens::kWithoutMessages ? op_open_without_messages : op_open;
     ops.opendir = op_unsupported;
     ops.read = op_read;
     ops.readdir = op_readdir;
@@ -415,7 +423,7 @@ fuse_session* new_squashfs_session(sqfs_ll* image, const SquashfsServerOptions& 
     g_recorded_inodes.clear();
     g_checked_inodes.clear();
     g_splice = false;
-    fuse_lowlevel_ops ops = make_operations();
+    fuse_lowlevel_ops ops = make_operations(options.file_opens);
     char program[] = "sqbox-fuse";
     char* argv[] = {program, nullptr};
     fuse_args args = FUSE_ARGS_INIT(1, argv);

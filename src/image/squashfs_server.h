@@ -35,6 +35,19 @@ struct ServerRecord {
     unsigned char init[512] = {};
 };
 
+// How the server answers the kernel's OPEN of a file of the image.
+enum class FileOpens {
+    // Each open is a round trip (OPEN, and RELEASE once the last descriptor closes), answered with
+    // FOPEN_NOFLUSH: a close never waits for this server.
+    kAnswered,
+    // The first OPEN is refused with ENOSYS: the kernel then opens files of the connection with no
+    // message at all (no OPEN, no RELEASE, contents kept cached). But each close of a file then
+    // sends FLUSH and waits for it, until one FLUSH is refused (ENOSYS) and the kernel stops
+    // sending them for the connection. Whoever mounts it opens and closes one file of the image
+    // before anything else holds files of it (runtime/shared_image.cpp says why).
+    kWithoutMessages,
+};
+
 // Presents every file of the image as owned by `owner_uid`/`owner_gid` (ids in the user namespace
 // that mounted the FUSE connection). Like enroot's unpacked rootfs, the whole image then belongs
 // to the sandbox user, and overlayfs can copy files up without unmapped owners.
@@ -48,6 +61,7 @@ struct SquashfsServerOptions {
     ImageAccessRecorder* recorder = nullptr;
     // sqbox serve: shared with the supervisor (see ServerRecord); null otherwise.
     ServerRecord* record = nullptr;
+    FileOpens file_opens = FileOpens::kAnswered;
 };
 
 // The libfuse session that answers requests from `image` with the server's operations (and, with

@@ -310,6 +310,7 @@ StageReport supervise_payload_to_end(PayloadProcess& payload, int report_fd,
         std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - started).count();
     if (exec_failed) {
         report.exit_status = exec_failure.exit_status;
+        report.image_server_lost = exec_failure.image_server_lost;
         report.set_error(exec_failure.error_message());
     } else {
         report.payload_started = 1;

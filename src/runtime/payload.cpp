@@ -147,6 +147,10 @@ void exec_command(const SandboxPlan& plan, int status_fd, int rc_fd) {
     if (err == ENOENT) {
         fail_stage(status_fd, kExitNotFound, program + ": command not found");
     }
+    if (is_lost_image_server(err)) {
+        // The image server died as the command was looked up: its line comes from the supervisor.
+        fail_stage(status_fd, kExitSqboxFailure, system_error(program + ": cannot execute", err));
+    }
     fail_stage(status_fd, kExitNotExecutable, program + ": cannot execute: " + std::strerror(err));
 }
 

@@ -1,7 +1,9 @@
 #include "runtime/shared_image.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/magic.h>
+#include <linux/openat2.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/mount.h>
@@ -21,6 +23,7 @@
 #include <cstdio>
 #include <cstring>
 #include <future>
+#include <deque>
 #include <memory>
 #include <string>
 #include <thread>
@@ -225,9 +228,17 @@ void redirect_stdio_to_null() {
 // Tells the launchers waiting on `listener` why this server cannot serve them (they serve their
 // images themselves).
 void refuse_waiting_launchers(int listener, const std::string& why) {
+    // Only those already waiting (the socket's name is gone): an accept that waited for another
+    // would keep this process, and the image's mount, for good.
+    const int flags = ::fcntl(listener, F_GETFL);
+    if (flags < 0 || ::fcntl(listener, F_SETFL, flags | O_NONBLOCK) != 0) return;
     for (;;) {
         UniqueFd connection(::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
         if (!connection) return;
+        // Its request read first if it came (closing on an unread one resets the connection
+        // before the launcher reads why): nothing to do if it did not.
+        char request[512];
+        (void)::recv(connection.get(), request, sizeof request, MSG_DONTWAIT);
         try {
             send_fd_message(connection.get(), MessageTag::kFailed, why, {}, "a refusal");
         } catch (const Error&) {
@@ -323,6 +334,84 @@ void serve_launchers(int listener, ChildProcess& server, const std::string& iden
     }
 }
 
+// How far stop_flushes looks for a file: directories listed, entries looked at.
+constexpr int kFlushStopDirectories = 64;
+constexpr int kFlushStopEntries = 4096;
+
+bool is_lost_connection(int error) {
+    return error == ENOTCONN || error == ECONNABORTED;
+}
+
+// Opens and closes `name` in `dir` if it is a regular file; true if it was one.
+bool open_and_close_file(int dir, const char* name) {
+    UniqueFd file(::openat(dir, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
+    if (!file) {
+        if (is_lost_connection(errno)) throw system_error("the image server is gone");
+        return false;  // unreadable (a corrupt inode, say): another will do
+    }
+    struct stat st {};
+    if (::fstat(file.get(), &st) != 0) throw system_error("cannot stat a file of the image");
+    if (!S_ISREG(st.st_mode)) return false;  // closing anything else sends no FLUSH
+    // The FLUSH is sent, and refused, here: close reports its failure.
+    if (::close(file.release()) != 0) throw system_error("cannot close a file of the image");
+    return true;
+}
+
+// The image server opens files with no message (FileOpens::kWithoutMessages), so until one FLUSH
+// has been refused each close of a file of the image sends FLUSH and waits for its answer, without
+// end and deaf to SIGKILL. Such a close must never be made by the image server itself: killed (a
+// crash on a corrupt image, this process's end) while its read-ahead thread holds files of the
+// mount, its last thread closes them as it exits and waits for an answer only the dying process
+// could give, and neither it nor its connection nor the sandboxes on it ever end (as
+// test_sandboxes_whose_init_fails_at_once_always_end saw of a server's own before FOPEN_NOFLUSH).
+// So this process opens and closes one regular file of the image before it hands out a mount:
+// the image server refuses that FLUSH, and the kernel sends FLUSH on the connection no more (a
+// flag of the connection, shared by every copy of the mount). Nothing else holds a file of it
+// before: no sandbox has a copy yet, and the read-ahead thread opens files only after reads, which
+// this makes none of. This wait is safe: this process is not the image server, and should the
+// server die meanwhile, its connection goes with it (this process holds no /dev/fuse) and the
+// close returns. Found by a bounded walk, breadth first, opening directories lazily (an image's
+// root usually holds none; /etc many). Throws Error when it finds none: no mount is handed out
+// then, and sandboxes serve their images themselves.
+void stop_flushes(const std::string& image_dir) {
+    const UniqueFd root(::open(image_dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    if (!root) throw system_error("cannot open " + image_dir);
+    std::deque<std::string> directories{"."};
+    int listed = 0;
+    int entries = 0;
+    while (!directories.empty() && listed < kFlushStopDirectories) {
+        open_how how{};
+        how.flags = O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC;
+        how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_XDEV;
+        UniqueFd dir(static_cast<int>(
+            ::syscall(SYS_openat2, root.get(), directories.front().c_str(), &how, sizeof how)));
+        if (!dir && is_lost_connection(errno)) throw system_error("the image server is gone");
+        const std::string path = std::move(directories.front());
+        directories.pop_front();
+        if (!dir) continue;
+        ++listed;
+        const int dir_fd = dir.get();
+        std::unique_ptr<DIR, int (*)(DIR*)> listing(::fdopendir(dir_fd), ::closedir);
+        if (!listing) throw system_error("cannot list " + path + " of the image");
+        (void)dir.release();  // the listing's now
+        for (;;) {
+            errno = 0;
+            const dirent* entry = ::readdir(listing.get());
+            if (entry == nullptr) {
+                if (is_lost_connection(errno)) throw system_error("the image server is gone");
+                break;
+            }
+            const std::string name = entry->d_name;
+            if (name == "." || name == "..") continue;
+            if (++entries > kFlushStopEntries) break;
+            if (entry->d_type == DT_REG && open_and_close_file(dir_fd, name.c_str())) return;
+            if (entry->d_type == DT_DIR) directories.push_back(path + "/" + name);
+        }
+        if (entries > kFlushStopEntries) break;
+    }
+    throw Error("found no regular file near the image's root to open first");
+}
+
 // The server's process: in a user and mount namespace of its own, it mounts the image, forks the
 // confined image server (as a sandbox's supervisor does), and hands out copies of the mount.
 [[noreturn]] void run_shared_server(const ImageSource& image, const UniqueFd& listener,
@@ -339,9 +428,10 @@ void serve_launchers(int listener, ChildProcess& server, const std::string& iden
         if (!fuse) throw system_error("cannot open /dev/fuse");
         enter_scratch_root();
         mount_image(image, fuse.get(), ids, FuseUsers::kMountersIds);
-        ChildProcess server =
-            start_image_server(image, fuse.get(), ids, {listener.get()}, -1, nullptr);
+        ChildProcess server = start_image_server(image, fuse.get(), ids, {listener.get()}, -1,
+                                                 nullptr, FileOpens::kWithoutMessages);
         fuse.reset();  // the server's now
+        stop_flushes(kImageDir);
         serve_launchers(listener.get(), server, identity, idle);
         // Unlinked while this process still holds the lock: the next server binds a new one,
         // and locks a new file (lock_server_name).

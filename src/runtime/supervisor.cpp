@@ -93,7 +93,7 @@ IdMapping map_ids_and_seal(const SandboxConfig& config) {
 
 ChildProcess start_image_server(const ImageSource& image, int fuse_fd, const IdMapping& ids,
                                 const std::vector<int>& close_in_server, int learn_fd,
-                                ServerRecord* record) {
+                                ServerRecord* record, FileOpens file_opens) {
     const pid_t self = ::getpid();
     pid_t pid = ::fork();
     if (pid < 0) throw system_error("cannot start the image server");
@@ -109,9 +109,9 @@ ChildProcess start_image_server(const ImageSource& image, int fuse_fd, const IdM
             print_error(e.what());
             ::_exit(kExitSqboxFailure);
         }
-        int status =
-            serve_squashfs(image.squashfs.get(), fuse_fd,
-                           {ids.inside_uid, ids.inside_gid, kImageDir, recorder.get(), record});
+        int status = serve_squashfs(
+            image.squashfs.get(), fuse_fd,
+            {ids.inside_uid, ids.inside_gid, kImageDir, recorder.get(), record, file_opens});
         ::_exit(status == 0 ? 0 : kExitSqboxFailure);
     }
     return ChildProcess(pid);

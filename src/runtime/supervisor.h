@@ -42,10 +42,11 @@ ChildProcess mount_image_and_serve(const ImageSource& image, const IdMapping& id
                                    const std::vector<int>& close_in_server, int learn_fd = -1,
                                    UniqueFd* keep_fuse = nullptr, ServerRecord* record = nullptr);
 
-// Forks a confined image server (runtime/image_server_confinement.h) answering on `fuse_fd`.
+// Forks a confined image server (runtime/image_server_confinement.h) answering on `fuse_fd`;
+// `file_opens` says how it answers opens (FileOpens).
 ChildProcess start_image_server(const ImageSource& image, int fuse_fd, const IdMapping& ids,
                                 const std::vector<int>& close_in_server, int learn_fd,
-                                ServerRecord* record);
+                                ServerRecord* record, FileOpens file_opens = FileOpens::kAnswered);
 
 // What the supervisor gets from the launcher. It owns the descriptors: each goes to the process
 // that needs it (init, the image server) and closes here once handed on.

@@ -4,9 +4,13 @@ the server it looks at, and attacks a promise: sandboxes of an image share one m
 one payload does changes what the next sees; its parser is confined as a sandbox's own; only the
 caller reaches it; a crash ends its sandboxes with one line; after the idle time nothing is left.
 """
+import collections
+import contextlib
 import json
 import os
 import pwd
+import random
+import re
 import shutil
 import signal
 import subprocess
@@ -304,7 +308,9 @@ def test_a_stalled_shared_server_holds_no_sandbox_past_its_end_or_timeout(box, c
     without the image ends, the one that reads the image ends at its --timeout with 124."""
     env = environment(cache, idle=30)
     scripts = {"ends": "echo ready; read x; echo done",
-               "reads": "echo ready; read x; cat /bin/busybox > /dev/null; echo done"}
+               # Opens of files cached already ask the server nothing (zero-message opens):
+               # a walk of every directory does, some of them never listed before.
+               "reads": "echo ready; read x; find / -xdev > /dev/null 2>&1; echo done"}
     sandboxes = {name: subprocess.Popen(
         box.argv(box.busybox_image, ["sh", "-c", script, box.marker], options=["--timeout", "8"]),
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -482,3 +488,147 @@ def test_a_server_killed_before_it_could_clean_up_is_swept_by_the_next_one(box, 
     finally:
         for server, _ in live:
             os.kill(server, signal.SIGTERM)
+
+
+TRACING = Path("/sys/kernel/tracing")
+FUSE_REQUEST_SENT = TRACING / "events" / "fuse" / "fuse_request_send"
+
+
+@contextlib.contextmanager
+def fuse_requests_traced():
+    """Records the kernel's FUSE requests (its fuse:fuse_request_send tracepoint, system-wide) in
+    a tracing instance of the test's own; yields a function that lists what was sent so far on
+    one connection (its device number, as the tracepoint prints it): (sender's pid, kind)."""
+    if os.geteuid() != 0:
+        pytest.skip("the kernel's fuse tracepoints need root")
+    if not FUSE_REQUEST_SENT.is_dir():
+        pytest.skip(f"no fuse tracepoints at {FUSE_REQUEST_SENT} (tracefs not mounted, or a "
+                    "kernel without CONFIG_FUSE_FS tracing)")
+    instance = TRACING / "instances" / f"sqbox-test-{os.getpid()}"
+    try:
+        instance.mkdir()
+    except OSError as e:  # a read-only tracefs (a container's)
+        pytest.skip(f"cannot make a tracing instance in {TRACING}: {e.strerror}")
+    try:
+        (instance / "buffer_size_kb").write_text("4096")
+        (instance / "events/fuse/fuse_request_send/enable").write_text("1")
+
+        def sent(connection):
+            requests = []
+            for line in (instance / "trace").read_text().splitlines():
+                found = re.search(r"-(\d+) +\[\d+\] .* fuse_request_send: connection (\d+) "
+                                  r"req \d+ opcode \d+ \((\w+)\)", line)
+                if found and int(found.group(2)) == connection:
+                    requests.append((int(found.group(1)), found.group(3)))
+            return requests
+
+        yield sent
+    finally:
+        (instance / "events/fuse/fuse_request_send/enable").write_text("0")
+        instance.rmdir()
+
+
+def fuse_connection_of(pid):
+    """The FUSE connection of the image mounted at /image for `pid`, numbered as the tracepoint
+    numbers it (the superblock's device number, the kernel's encoding)."""
+    [device] = [line.split()[2] for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+                if line.split()[4] == "/image"]
+    major, minor = (int(n) for n in device.split(":"))
+    return major << 20 | minor
+
+
+# Opens and reads files of the image: each open of a file was one OPEN and one RELEASE.
+READ_FILES = "md5sum /bin/busybox /etc/passwd /etc/group; ls -l / /bin > /dev/null"
+
+
+def test_later_sandboxes_open_the_images_files_without_a_fuse_request(box, cache, tmp_path):
+    """The shared server's parser refuses OPEN (ENOSYS): the kernel then opens files of the
+    connection with no request. Each close would send FLUSH until one is refused, so the server
+    opens and closes one file itself before it hands out a mount: the connection's one FLUSH, and
+    no close of anyone, the parser's read-ahead thread included, ever waits for an answer."""
+    with fuse_requests_traced() as sent:
+        first, record = run_json(box, cache, box.busybox_image, ["sh", "-c", READ_FILES],
+                                 tmp_path, idle=30)
+        assert first.returncode == 0 and record["image_access"] == "shared", first.stderr
+        [(server, [parser])] = shared_servers(cache)
+        connection = fuse_connection_of(parser)
+        first_requests = sent(connection)
+        later, record = run_json(box, cache, box.busybox_image, ["sh", "-c", READ_FILES],
+                                 tmp_path, idle=30)
+        later_requests = sent(connection)[len(first_requests):]
+    try:
+        assert later.returncode == 0 and record["image_access"] == "shared", later.stderr
+        assert later.stdout == first.stdout and "/bin/busybox" in later.stdout
+        # The trace saw this connection: the first run looked names up and read the files.
+        at_first = collections.Counter(kind for _, kind in first_requests)
+        assert at_first["FUSE_LOOKUP"] > 0 and at_first["FUSE_READ"] > 0, at_first
+        # Its only OPEN and FLUSH, the server's own (not its parser's, not a sandbox's), came
+        # before any sandbox's request: the first request of a pid other than the server's
+        # process and its parser is a later one.
+        kinds_of = [(pid, kind) for pid, kind in first_requests
+                    if kind in ("FUSE_OPEN", "FUSE_FLUSH", "FUSE_RELEASE")]
+        assert kinds_of == [(server, "FUSE_OPEN"), (server, "FUSE_FLUSH")], kinds_of
+        flushed = first_requests.index((server, "FUSE_FLUSH"))
+        assert all(pid in (server, parser) for pid, _ in first_requests[:flushed]), first_requests
+        # A later run, however many files it opens: at most three statfs (the launcher's check
+        # that the mount answers, its overlayfs mount, the supervisor's check at the end).
+        assert {kind for _, kind in later_requests} <= {"FUSE_STATFS"}, later_requests
+        assert len(later_requests) <= 3, later_requests
+    finally:
+        os.kill(server, signal.SIGTERM)
+        wait_for(lambda: not Path(f"/proc/{parser}").exists(), 10)
+
+
+def ended(pid):
+    """Gone, or a zombie: it has let go of its files and its FUSE connection (a process stuck in
+    its exit, closing them, is not one yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_shared_parser_killed_while_its_first_sandbox_reads_always_ends(box, cache):
+    """The parser killed at random times early in its life (while the server opens its first
+    file, while the first sandbox starts Python and the parser reads ahead what it reads): had a
+    close of a file of the image by its read-ahead thread waited for a FLUSH answer, its dying
+    thread would wait for good, and the run with it (a narrow window, which the test above shows
+    closed before any sandbox's request). Each run ends with the payload's output or with 125
+    and sqbox's one line after the payload's own; the parser and its server end; the next run
+    starts a new server."""
+    rng = random.Random(24)
+    # Without the image's warm-up list: every file comes through the parser.
+    argv = box.argv(box.python_image, ["python3", "-c", "import asyncio, decimal, email.mime.text, "
+                                       "http.client, json, unittest; print('ran')", box.marker],
+                    ["--no-warm-up"])
+    env = environment(cache, idle=1)
+    outcomes = collections.Counter()
+    for _ in range(12):
+        sandbox = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            deadline = time.monotonic() + 10
+            while [len(kids) for _, kids in shared_servers(cache)] != [1]:
+                assert time.monotonic() < deadline, "no shared server came up"
+                time.sleep(0.001)
+            [(server, [parser])] = shared_servers(cache)
+            time.sleep(rng.uniform(0, 0.06))
+            os.kill(parser, signal.SIGKILL)
+            stdout, stderr = sandbox.communicate(timeout=SANDBOX_TIMEOUT + GRACE)
+            if sandbox.returncode == 0:
+                assert stdout == "ran\n" and stderr == "", stderr
+            else:
+                # After what the payload said of its lost files (a traceback, maybe cut short
+                # mid-line), sqbox's one line.
+                assert sandbox.returncode == 125, stderr
+                assert stderr.endswith("sqbox: the image server died of signal 9 (Killed); the "
+                                       "image may be corrupt; sandbox killed\n"), stderr
+                assert stderr.count("sqbox: ") == 1, stderr
+            assert wait_for(lambda: ended(server) and ended(parser), 10), (server, parser)
+            outcomes[sandbox.returncode] += 1
+        finally:
+            if sandbox.poll() is None:
+                sandbox.kill()
+                sandbox.wait()
+    # Some kills came while a sandbox had the mount (which is where a wait for good would be).
+    assert outcomes[125] > 0, outcomes
