@@ -22,8 +22,8 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
-#include <future>
 #include <deque>
+#include <future>
 #include <memory>
 #include <string>
 #include <thread>
