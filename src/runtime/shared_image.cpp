@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/host_probes.h"
 #include "runtime/mounts.h"
 #include "runtime/rootfs.h"
 #include "runtime/stage_report.h"
@@ -75,21 +76,11 @@ UniqueFd open_servers_directory(const std::string& path) {
     return dir;
 }
 
-// The caller's cgroups. The server runs in them, and whoever ends them ends it (a batch system
-// kills a job's cgroup at the job's end): callers in other cgroups (another job's) get servers of
-// their own, which nothing of this one's end takes from them.
-std::string own_cgroups() {
-    const UniqueFd file(::open("/proc/self/cgroup", O_RDONLY | O_CLOEXEC));
-    if (!file) throw system_error("cannot open /proc/self/cgroup");
-    return read_all(file.get(), "/proc/self/cgroup");
-}
-
-// This boot of this machine: a home directory shared by several nodes (NFS) holds the servers'
-// sockets and locks of all of them, and one node's server is of no use to another.
-std::string boot_id() {
-    const UniqueFd file(::open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC));
-    if (!file) throw system_error("cannot open /proc/sys/kernel/random/boot_id");
-    return read_all(file.get(), "/proc/sys/kernel/random/boot_id");
+// A small file of /proc that is part of a server's identity; throws Error if it cannot be read.
+std::string identity_file(const std::string& path) {
+    std::optional<std::string> text = read_small_file(path);
+    if (!text) throw Error("cannot read " + path);
+    return std::move(*text);
 }
 
 // What a server serves: the image file as it is now, read by this sqbox binary, to callers in
@@ -109,7 +100,12 @@ std::string image_identity(const ImageSource& image) {
         static_cast<unsigned long long>(binary.st_dev),
         static_cast<unsigned long long>(binary.st_ino),
         static_cast<long long>(binary.st_mtim.tv_sec), binary.st_mtim.tv_nsec);
-    return text + std::string(" boot ") + boot_id() + " cgroups " + own_cgroups();
+    // The boot: a home directory shared by several nodes (NFS) holds the servers' sockets and
+    // locks of all of them, and one node's server is of no use to another. The cgroups: the
+    // server runs in the caller's, and whoever ends them ends it (a batch system kills a job's at
+    // its end); callers in other cgroups (another job's) get servers nothing of that takes away.
+    return text + std::string(" boot ") + identity_file("/proc/sys/kernel/random/boot_id") +
+           " cgroups " + identity_file("/proc/self/cgroup");
 }
 
 std::string server_name(const std::string& identity) {
@@ -119,10 +115,15 @@ std::string server_name(const std::string& identity) {
     return name;
 }
 
-// A socket address for `name` in the directory `dir_fd`, through /proc/self/fd: the directory's
-// own path may be longer than a socket address holds.
+// `name` in the directory `dir_fd`, as a path through /proc/self/fd: the directory's own path may
+// be longer than a socket address holds, and it is the directory that was checked.
+std::string path_in(int dir_fd, const std::string& name) {
+    return "/proc/self/fd/" + std::to_string(dir_fd) + (name.empty() ? "" : "/" + name);
+}
+
+// A socket address for `name` in the directory `dir_fd`.
 sockaddr_un address_in(int dir_fd, const std::string& name) {
-    const std::string path = "/proc/self/fd/" + std::to_string(dir_fd) + "/" + name;
+    const std::string path = path_in(dir_fd, name);
     sockaddr_un address{};
     address.sun_family = AF_UNIX;
     if (path.size() >= sizeof address.sun_path) throw Error("socket path too long: " + path);
@@ -338,15 +339,11 @@ void serve_launchers(int listener, ChildProcess& server, const std::string& iden
 constexpr int kFlushStopDirectories = 64;
 constexpr int kFlushStopEntries = 4096;
 
-bool is_lost_connection(int error) {
-    return error == ENOTCONN || error == ECONNABORTED;
-}
-
 // Opens and closes `name` in `dir` if it is a regular file; true if it was one.
 bool open_and_close_file(int dir, const char* name) {
     UniqueFd file(::openat(dir, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
     if (!file) {
-        if (is_lost_connection(errno)) throw system_error("the image server is gone");
+        if (is_lost_image_server(errno)) throw system_error("the image server is gone");
         return false;  // unreadable (a corrupt inode, say): another will do
     }
     struct stat st {};
@@ -385,7 +382,7 @@ void stop_flushes(const std::string& image_dir) {
         how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_XDEV;
         UniqueFd dir(static_cast<int>(
             ::syscall(SYS_openat2, root.get(), directories.front().c_str(), &how, sizeof how)));
-        if (!dir && is_lost_connection(errno)) throw system_error("the image server is gone");
+        if (!dir && is_lost_image_server(errno)) throw system_error("the image server is gone");
         const std::string path = std::move(directories.front());
         directories.pop_front();
         if (!dir) continue;
@@ -398,7 +395,7 @@ void stop_flushes(const std::string& image_dir) {
             errno = 0;
             const dirent* entry = ::readdir(listing.get());
             if (entry == nullptr) {
-                if (is_lost_connection(errno)) throw system_error("the image server is gone");
+                if (is_lost_image_server(errno)) throw system_error("the image server is gone");
                 break;
             }
             const std::string name = entry->d_name;
@@ -433,16 +430,15 @@ void stop_flushes(const std::string& image_dir) {
         fuse.reset();  // the server's now
         stop_flushes(kImageDir);
         serve_launchers(listener.get(), server, identity, idle);
-        // Unlinked while this process still holds the lock: the next server binds a new one,
-        // and locks a new file (lock_server_name).
-        (void)::unlinkat(dir.get(), socket_name.c_str(), 0);  // gone already: nothing to do
-        (void)::unlinkat(dir.get(), (server_name(identity) + ".lock").c_str(), 0);  // likewise
-        ::_exit(0);  // the image server dies with this process
+        why.clear();
     } catch (const Error& e) {
         why = e.what();
     }
+    // Unlinked while this process still holds the lock: the next server binds a new socket and
+    // locks a new file (lock_server_name). Either may be gone already: nothing to do then.
     (void)::unlinkat(dir.get(), socket_name.c_str(), 0);
     (void)::unlinkat(dir.get(), (server_name(identity) + ".lock").c_str(), 0);
+    if (why.empty()) ::_exit(0);  // the image server dies with this process
     refuse_waiting_launchers(listener.get(), why);
     ::_exit(kExitSqboxFailure);
 }
@@ -513,8 +509,7 @@ void start_shared_server(const ImageSource& image, const SandboxConfig& config, 
 // longer under the name (removed by remove_ended_servers meanwhile) is none.
 UniqueFd lock_server_name(int dir_fd, const std::string& name) {
     const std::string lock_name = name + ".lock";
-    UniqueFd lock =
-        lock_file_within("/proc/self/fd/" + std::to_string(dir_fd) + "/" + lock_name, 0);
+    UniqueFd lock = lock_file_within(path_in(dir_fd, lock_name), 0);
     struct stat locked {};
     struct stat named {};
     if (!lock || ::fstat(lock.get(), &locked) != 0 ||
@@ -530,12 +525,11 @@ UniqueFd lock_server_name(int dir_fd, const std::string& name) {
 void remove_ended_servers(int dir_fd) {
     std::vector<std::string> names;
     // An unreadable directory leaves the files for a later start to remove.
-    (void)for_each_directory_entry("/proc/self/fd/" + std::to_string(dir_fd),
-                                   [&](int, const std::string& entry) {
-                                       if (entry.ends_with(".lock")) {
-                                           names.push_back(entry.substr(0, entry.size() - 5));
-                                       }
-                                   });
+    (void)for_each_directory_entry(path_in(dir_fd, ""), [&](int, const std::string& entry) {
+        if (entry.ends_with(".lock")) {
+            names.push_back(entry.substr(0, entry.size() - 5));
+        }
+    });
     for (const std::string& name : names) {
         if (const UniqueFd lock = lock_server_name(dir_fd, name)) {
             (void)::unlinkat(dir_fd, (name + ".socket").c_str(), 0);  // none: nothing to do
