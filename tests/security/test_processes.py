@@ -384,7 +384,10 @@ def test_sandbox_processes_hold_only_their_own_descriptors(box, options):
     if os.geteuid() != 0:
         pytest.skip("needs root: the sandbox's processes are not dumpable, so only root can "
                     "read their descriptors")
-    argv = box.argv(box.python_image, ["sh", "-c", "echo ready; exec sleep 60", box.marker],
+    # The payload says ready only once it runs its own code: a shell that echoes and then execs
+    # would be read while the loader of the next program still holds the libraries it maps.
+    payload_code = "import time; print('ready', flush=True); time.sleep(60)"
+    argv = box.argv(box.python_image, ["python3", "-c", payload_code, box.marker],
                     ["--timeout", "60", *options])
     with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True) as proc:
