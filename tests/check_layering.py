@@ -4,21 +4,19 @@
 The layers of src/, lowest first; a file may include headers of its own layer and of the layers
 below it, never of one above:
 
-    util <- security <- config <- image <- import <- warm_up <- runtime <- session <- cli
+    util <- security <- config <- image <- import <- runtime <- session <- cli
 
   util      errors, files, descriptors, processes: no knowledge of sandboxes
   security  seccomp, Landlock, capabilities, confined work on untrusted input
   config    the one validator of what front ends put into a SandboxConfig
   image     image files and the image server (squashfs, FUSE), enroot's container store
   import    image import: registry and archive sources, layers applied into a squashfs image
-  warm_up   warm-up lists, learning runs, unpacked files, the look-ahead
   runtime   the launch pipeline: launcher, supervisor, init, payload
   session   sqbox serve
   cli       the command line
 
 The public headers (include/sqbox/: plain configuration and result types) sit below them all and
-include nothing of src/. Above warm_up, the only header of src/warm_up/ included is
-warm_up/warm_up.h, the warm-up's one interface. Unit tests (tests/unit) may include anything.
+include nothing of src/. Unit tests (tests/unit) may include anything.
 
 Usage: check_layering.py [REPOSITORY]  (default: the checkout this file is in)
 """
@@ -27,10 +25,9 @@ import pathlib
 import re
 import sys
 
-LAYERS = ["util", "security", "config", "image", "import", "warm_up", "runtime", "session", "cli"]
+LAYERS = ["util", "security", "config", "image", "import", "runtime", "session", "cli"]
 RANK = {name: rank for rank, name in enumerate(LAYERS)}
 PUBLIC = "sqbox"  # include/sqbox/
-WARM_UP_INTERFACE = "warm_up/warm_up.h"
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 
 
@@ -53,10 +50,6 @@ def problems_in(repository: pathlib.Path):
             elif RANK[target] > RANK[layer]:
                 yield (f"src/{relative}: includes {included}, from the {target} layer above "
                        f"its own ({layer})")
-            elif (target == "warm_up" and layer != "warm_up" and
-                  included != WARM_UP_INTERFACE):
-                yield (f"src/{relative}: includes {included}; outside src/warm_up only "
-                       f"{WARM_UP_INTERFACE} is")
     for path in sorted((repository / "include" / PUBLIC).glob("*.h")):
         for included in INCLUDE.findall(path.read_text(errors="replace")):
             if included.split("/")[0] != PUBLIC:

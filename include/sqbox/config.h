@@ -140,13 +140,6 @@ struct SandboxConfig {
     // new squashfs image at this absolute host path (enroot export).
     std::string export_image_path;
 
-    // .sqsh images: the supervisor looks up the names of the image's learned warm-up list ahead
-    // of the payload (--no-warm-up turns that off); a learning run (--learn-warm-up) adds the
-    // names this run looked up to the list. Lists are kept in `warm_up_directory` (none if "").
-    std::string warm_up_directory;
-    bool use_warm_up_list = true;
-    bool learn_warm_up = false;
-
     // .sqsh images: the sandbox mounts a copy of the caller's shared image server's mount
     // (runtime/shared_image.h), which stays this many seconds after its last sandbox has ended;
     // 0: the sandbox serves the image itself, and its server ends with it.

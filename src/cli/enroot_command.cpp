@@ -30,7 +30,6 @@
 #include "util/errors.h"
 #include "util/files.h"
 #include "util/text.h"
-#include "warm_up/warm_up.h"
 
 extern char** environ;
 
@@ -528,8 +527,6 @@ int enroot_start(const std::vector<std::string>& args, EnrootSettings settings) 
         config.image = info.image.empty() ? info.directory : info.image;
         config.persistent_layer = info.layer;
     }
-    // A .sqsh starts with its warm-up list, if `sqbox run --learn-warm-up` made one.
-    config.warm_up_directory = default_warm_up_directory();
 
     // Checked before anything runs; they come after the configuration's own.
     std::vector<MountSpec> option_mounts;

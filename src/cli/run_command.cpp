@@ -11,7 +11,6 @@
 #include "runtime/sandbox_user.h"
 #include "sqbox/sandbox.h"
 #include "util/errors.h"
-#include "warm_up/warm_up.h"
 
 namespace sqbox::cli {
 namespace {
@@ -88,12 +87,10 @@ CLI::App* add_run_subcommand(CLI::App& app, RunArguments& args) {
     run->add_option("--json", args.json, "write a JSON result record to FILE")->type_name("FILE");
     run->add_flag("-t,--tty", args.tty,
                   "give the payload a terminal of its own (stdin must be a terminal)");
-    run->add_flag("--learn-warm-up", args.learn_warm_up,
-                  "add the names this run looks up, reads and lists in the .sqsh image to the "
-                  "image's warm-up list, which later runs look up ahead of the payload and whose "
-                  "files they unpack (run a command you trust)");
-    run->add_flag("--no-warm-up", args.no_warm_up,
-                  "use no warm-up list and no unpacked files: everything through the image server");
+    run->add_flag("--no-warm-up")
+        ->description(
+            "has no effect since warm-up lists were removed; accepted so existing scripts keep "
+            "working");
     run->add_option("--image-server-idle", args.image_server_idle,
                     "seconds the shared image server of a .sqsh stays after its last sandbox "
                     "(default 60, or $SQBOX_IMAGE_SERVER_IDLE); 0: this sandbox serves the image "
@@ -168,9 +165,6 @@ RunOptions build_run_options(const RunArguments& args) {
     config.read_only_root = args.read_only;
     config.verbose = args.verbose;
     config.tty = args.tty;
-    config.learn_warm_up = args.learn_warm_up;
-    config.use_warm_up_list = !args.no_warm_up;
-    config.warm_up_directory = default_warm_up_directory();
     config.image_server_idle_seconds = image_server_idle_or_default(args.image_server_idle);
     if (!args.tmpfs_size.empty()) {
         config.tmpfs_size_bytes = validate::tmpfs_size(args.tmpfs_size, "--tmpfs-size");

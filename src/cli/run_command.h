@@ -29,8 +29,6 @@ struct RunArguments {
     bool read_only = false;
     bool verbose = false;
     bool tty = false;
-    bool learn_warm_up = false;
-    bool no_warm_up = false;
     std::string tmpfs_size;
     std::string image_server_idle;  // --image-server-idle
     std::string timeout;

@@ -35,11 +35,4 @@ std::string ImageNames::path_of(fuse_ino_t ino) const {
     return path;
 }
 
-std::string ImageNames::path_in(fuse_ino_t parent, const char* name) const {
-    std::string path = path_of(parent);
-    if (path.empty()) return path;
-    if (path.size() > 1) path += '/';
-    return path + name;
-}
-
 }  // namespace sqbox

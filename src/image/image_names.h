@@ -1,6 +1,6 @@
 // The image server's map from the inode numbers it handed out to the names they were found under,
-// so that an inode's path can be rebuilt (the read-ahead worker opens files by path; a learning
-// run records paths). Filled by the serving thread from its lookups; used only on that thread.
+// so that an inode's path can be rebuilt (the read-ahead worker opens files by path). Filled by the
+// serving thread from its lookups; used only on that thread.
 #pragma once
 
 #include <cstddef>
@@ -20,9 +20,6 @@ class ImageNames {
     // The absolute path inside the image of a looked-up inode ("/" for the root), or "" when it
     // is not known.
     std::string path_of(fuse_ino_t ino) const;
-
-    // The path of `name` in the directory `parent`, or "" when the directory is not known.
-    std::string path_in(fuse_ino_t parent, const char* name) const;
 
   private:
     struct Name {

@@ -32,24 +32,11 @@ namespace {
 constexpr double kCacheForever = DBL_MAX;
 
 SquashfsServerOptions g_options;
-// Paths of the inodes handed out, for the prefetcher and the learning recorder.
+// Paths of the inodes handed out, for the prefetcher.
 ImageNames g_names;
 std::optional<SquashfsPrefetcher> g_prefetcher_storage;
 // Null without a mount point, or when its thread could not start: reads still work.
 SquashfsPrefetcher* g_prefetcher = nullptr;
-
-// A learning run's recorder (null otherwise), told of each name looked up and of the first read
-// of each file and first listing of each directory: the inodes it was told of already.
-ImageAccessRecorder* g_recorder = nullptr;
-std::unordered_set<fuse_ino_t> g_recorded_inodes;
-
-void record_first_read(fuse_ino_t ino) {
-    if (g_recorded_inodes.insert(ino).second) g_recorder->first_read(g_names.path_of(ino));
-}
-
-void record_first_listing(fuse_ino_t ino) {
-    if (g_recorded_inodes.insert(ino).second) g_recorder->first_listed(g_names.path_of(ino));
-}
 
 // The inode numbers handed to the kernel are the image's inode references, moved clear of 0 and
 // FUSE_ROOT_ID: a number says which inode it stands for without a table, so a server started
@@ -135,7 +122,6 @@ void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
         fuse_reply_err(req, EIO);
         return;
     }
-    if (g_recorder != nullptr) g_recorder->looked_up(g_names.path_in(parent, name));
     if (!found) {
         // A negative entry (inode 0) with a timeout lets the kernel remember that the name does
         // not exist, instead of asking again on every lookup.
@@ -234,9 +220,6 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
     const auto start = static_cast<uint64_t>(offset);
     const uint64_t file_size = inode.xtra.reg.file_size;
     const uint64_t wanted = start < file_size ? std::min<uint64_t>(size, file_size - start) : 0;
-    // Recorded before the answer: once the payload has its bytes its sandbox may end, and the
-    // supervisor then stops this server, which must not lose the record to that race.
-    if (g_recorder != nullptr) record_first_read(ino);
     if (!reply_from_stored_blocks(req, &ll->fs, &inode, start, wanted)) {
         std::vector<char>& buffer = read_buffer();
         if (buffer.size() < size) buffer.resize(size);
@@ -287,7 +270,6 @@ void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
         fuse_reply_err(req, EIO);
         return;
     }
-    if (g_recorder != nullptr && offset == 0) record_first_listing(ino);  // before: see op_read
     fuse_reply_buf(req, buffer.data(), used);
 }
 
@@ -418,9 +400,7 @@ fuse_session* new_squashfs_session(sqfs_ll* image, const SquashfsServerOptions& 
     g_prefetcher = nullptr;
     g_prefetcher_storage.reset();
     g_options = options;
-    g_recorder = options.recorder;
     g_names = ImageNames();
-    g_recorded_inodes.clear();
     g_checked_inodes.clear();
     g_splice = false;
     fuse_lowlevel_ops ops = make_operations(options.file_opens);

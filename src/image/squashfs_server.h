@@ -11,18 +11,6 @@ struct fuse_session;
 
 namespace sqbox {
 
-// What a learning run (sqbox run --learn-warm-up) is told of the image server's work, by absolute
-// path in the image ("" for an inode whose path is not known): every name looked up, found or
-// not, the first read of each file and the first listing of each directory. Called on the
-// serving thread, as the requests are answered.
-class ImageAccessRecorder {
-  public:
-    virtual ~ImageAccessRecorder() = default;
-    virtual void looked_up(const std::string& path) = 0;
-    virtual void first_read(const std::string& path) = 0;
-    virtual void first_listed(const std::string& path) = 0;
-};
-
 // What a server notes for the one started after it on the same connection (sqbox serve restarts
 // a server that died; the connection lives on in the supervisor's copy of /dev/fuse): the request
 // it is answering, which the supervisor then fails with EIO (the kernel would otherwise wait for
@@ -57,8 +45,6 @@ struct SquashfsServerOptions {
     // Where the image is mounted in the server's mount namespace; the prefetch thread opens files
     // there (none without it).
     std::string mount_point;
-    // A learning run's recorder; null when not learning.
-    ImageAccessRecorder* recorder = nullptr;
     // sqbox serve: shared with the supervisor (see ServerRecord); null otherwise.
     ServerRecord* record = nullptr;
     FileOpens file_opens = FileOpens::kAnswered;

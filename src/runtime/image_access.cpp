@@ -24,9 +24,6 @@ ImageAccess choose_image_access(ImageSource& image, const SandboxConfig& config)
         return access;
     }
     const std::string why = std::string("/dev/fuse: ") + std::strerror(errno);
-    if (config.learn_warm_up) {
-        throw Error("--learn-warm-up needs the image server, which needs /dev/fuse (" + why + ")");
-    }
     // Whether a sandbox can be made at all, before minutes of unpacking for nothing (a pod whose
     // seccomp profile refuses user namespaces says so here, in its own words).
     require_user_namespaces();
@@ -52,7 +49,7 @@ ImageAccess choose_image_access(ImageSource& image, const SandboxConfig& config)
 
 void use_shared_image_server(ImageAccess& access, const ImageSource& image,
                              const SandboxConfig& config) {
-    if (access.mode != "fuse" || config.learn_warm_up) return;
+    if (access.mode != "fuse") return;
     access.shared = share_image(image, config);
     if (access.shared) access.mode = "shared";
 }

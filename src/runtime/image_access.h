@@ -26,8 +26,7 @@ struct ImageAccess {
 ImageAccess choose_image_access(ImageSource& image, const SandboxConfig& config);
 
 // sqbox run: an image served over FUSE is served by the caller's shared image server
-// (runtime/shared_image.h) where one can be had, except for a learning run, whose own server
-// records what the run reads.
+// (runtime/shared_image.h) where one can be had.
 void use_shared_image_server(ImageAccess& access, const ImageSource& image,
                              const SandboxConfig& config);
 

@@ -20,7 +20,6 @@
 #include "util/errors.h"
 #include "util/process.h"
 #include "util/unique_fd.h"
-#include "warm_up/warm_up.h"
 
 namespace sqbox {
 namespace {
@@ -35,7 +34,6 @@ constexpr const char* kAssemblyDir = kSandboxDir;
 //  - libsquashfuse: pread of the image, malloc (brk, mmap, ...);
 //  - the read-ahead thread: openat2 below its own mount (which is all its root holds),
 //    readahead, close; thread start and end (futex, rseq, set_robust_list, madvise);
-//  - a learning run's record: write;
 //  - glibc's clocks when the vDSO falls back, abort() (tgkill below), exit.
 // Not among them: anything with other processes (kill, ptrace, process_vm_*), new processes,
 // sockets, ioctl, mounts and namespaces, execve, changing identity or limits.
@@ -96,8 +94,8 @@ void keep_only(const std::vector<int>& keep_fds) {
 }
 
 // A mount namespace of its own whose root is an empty read-only tmpfs holding only the image's
-// FUSE mount: no path leads to the host (the supervisor's /oldroot), the sandboxes' layers or
-// the unpacked files. Mount calls are then out of reach (seccomp), so it stays that way.
+// FUSE mount: no path leads to the host (the supervisor's /oldroot) or the sandboxes' layers.
+// Mount calls are then out of reach (seccomp), so it stays that way.
 void enter_empty_root() {
     if (::unshare(CLONE_NEWNS) != 0) throw system_error("unshare(CLONE_NEWNS)");
     UniqueFd root = create_filesystem(
@@ -118,15 +116,14 @@ void enter_empty_root() {
 void limit_memory() {
     const rlimit data{kImageServerDataLimitBytes, kImageServerDataLimitBytes};
     const rlimit none{0, 0};
-    // A learning run's record memfd is the one file it writes: no more than a record holds (the
-    // launcher reads it whole), else SIGXFSZ ends it.
-    const rlimit record{kMaxLearningRecordBytes + kMaxWarmUpPathBytes + 2,
-                        kMaxLearningRecordBytes + kMaxWarmUpPathBytes + 2};
+    // It writes no file (its replies go to /dev/fuse and its pipes): a write to one ends it with
+    // SIGXFSZ.
+    const rlimit no_files{0, 0};
     // Its read-ahead thread is started now; a hijacked server must not start thousands more (the
     // count is the caller's processes in this user namespace; not enforced for the host's root).
     const rlimit threads{kImageServerMaxProcesses, kImageServerMaxProcesses};
     if (::setrlimit(RLIMIT_DATA, &data) != 0 || ::setrlimit(RLIMIT_CORE, &none) != 0 ||
-        ::setrlimit(RLIMIT_FSIZE, &record) != 0 || ::setrlimit(RLIMIT_NPROC, &threads) != 0) {
+        ::setrlimit(RLIMIT_FSIZE, &no_files) != 0 || ::setrlimit(RLIMIT_NPROC, &threads) != 0) {
         throw system_error("cannot limit the image server's memory");
     }
 }

@@ -21,11 +21,11 @@ inline constexpr uint64_t kImageServerMaxProcesses = 1024;
 //  - sees a file system of its own: an empty, read-only tmpfs as its root, with only its own
 //    FUSE mount at /image (the read-ahead thread opens files there), in a mount namespace of its
 //    own; the sandboxes keep seeing the supervisor's mount of the same connection;
-//  - holds only `keep_fds` (the image, /dev/fuse, a learning run's record) and /dev/null as
-//    stdin, stdout and stderr (libfuse's and glibc's messages go nowhere);
+//  - holds only `keep_fds` (the image, /dev/fuse) and /dev/null as stdin, stdout and stderr
+//    (libfuse's and glibc's messages go nowhere);
 //  - has no capability in any set, the bounding set empty, securebits locked, no_new_privs;
-//  - may use kImageServerDataLimitBytes of private memory and no shared memory, write no file
-//    beyond a learning record's size, start kImageServerMaxProcesses threads, dumps no core;
+//  - may use kImageServerDataLimitBytes of private memory and no shared memory, write no file,
+//    start kImageServerMaxProcesses threads, dumps no core;
 //  - may make only the system calls of serving (install_image_server_filter).
 // Throws Error with the step that failed.
 void confine_image_server(const std::vector<int>& keep_fds);

@@ -45,7 +45,6 @@
 #include "util/fd_passing.h"
 #include "util/files.h"
 #include "util/process.h"
-#include "warm_up/warm_up.h"
 
 namespace sqbox {
 
@@ -61,17 +60,15 @@ RunResult run_sandbox(const SandboxConfig& config) {
         // 2. The policy: the seccomp filter, Landlock, limits and where each is enforced.
         std::optional<SandboxCgroup> cgroup = plan_cgroup_before_start(config);
         SandboxPlan plan = plan_run(config, cgroup ? &*cgroup : nullptr);
-        // 3. The image's warm-up list and unpacked files (warm-up lists in docs/warm-up.md).
-        WarmUp warm_up(config, image);
-        // 4. The channels: the supervisor's report, and init's channel (cgroup, terminal).
+        // 3. The channels: the supervisor's report, and init's channel (cgroup, terminal).
         Pipe report = make_pipe("supervisor report");
         auto [channel, init_channel] = make_message_channel("the sandbox's channel");
-        // 5. The payload's stdio: relayed where the caller's cannot be handed over as it is.
+        // 4. The payload's stdio: relayed where the caller's cannot be handed over as it is.
         StdioRelay relay(config.output_limit_bytes, config.tty, channel.get());
         std::optional<ScopedIgnoreSigpipe> ignore_sigpipe;
         if (relay.active()) ignore_sigpipe.emplace();
 
-        // 6. The supervisor, in a new user and mount namespace.
+        // 5. The supervisor, in a new user and mount namespace.
         ScopedSignalBlock block;
         const pid_t launcher = ::getpid();
         const pid_t pid = clone_into_user_namespace(CLONE_NEWNS, "the sandbox's user namespace");
@@ -79,9 +76,8 @@ RunResult run_sandbox(const SandboxConfig& config) {
             report.read_end.reset();
             channel.reset();
             if (relay.active()) adopt_diagnostics_fd(relay.install_in_child());
-            run_supervisor({&plan, &image, launcher, &warm_up.names(), std::move(report.write_end),
-                            std::move(init_channel), warm_up.take_learn_records(),
-                            warm_up.take_unpacked_files(),
+            run_supervisor({&plan, &image, launcher, std::move(report.write_end),
+                            std::move(init_channel),
                             std::move(access.shared).value_or(SharedImage{})});
         }
         ChildProcess supervisor(pid);
@@ -90,9 +86,9 @@ RunResult run_sandbox(const SandboxConfig& config) {
         relay.close_child_ends();
         init_channel.reset();
 
-        // 7. The cgroup, created while the sandbox is being set up; init joins it.
+        // 6. The cgroup, created while the sandbox is being set up; init joins it.
         hand_over_cgroup(config, cgroup, channel.get());
-        // 8. Signals forwarded and stdio relayed until the sandbox is gone; then the cgroup goes
+        // 7. Signals forwarded and stdio relayed until the sandbox is gone; then the cgroup goes
         //    while the supervisor tears its mounts down.
         bool oom_killed = false;
         const Supervision supervision = supervise(supervisor, relay, report.read_end.get(), [&] {
@@ -100,11 +96,10 @@ RunResult run_sandbox(const SandboxConfig& config) {
             oom_killed = cgroup->oom_killed();
             cgroup->remove();
         });
-        // 9. The record; a learning run adds what the image server recorded to its list.
+        // 8. The record.
         RunResult result =
             result_of(supervision, relay, config, plan, cgroup ? &*cgroup : nullptr, oom_killed);
         result.image_access = access.mode;
-        warm_up.save_learned();
         return result;
     } catch (const Error& e) {
         print_error(e.what());
@@ -151,16 +146,11 @@ void run_supervisor(SupervisorContext context) {
             attach_shared_image(std::move(context.shared_image.mount));
             signal_when_shared_server_speaks(context.shared_image.connection.get());
         } else {
-            server = mount_image_and_serve(image, ids, server_closes(context, init_channels),
-                                           context.learn_records.get());
+            server = mount_image_and_serve(image, ids, server_closes(context, init_channels));
         }
-        context.learn_records.reset();  // the server's now
-        // 5. The unpacked files above the image, and the names every start needs looked up
-        //    ahead (on a thread of its own: no fork follows).
-        const std::string warm_up_root =
-            bind_unpacked_files(image, std::move(context.unpacked_files), config.verbose);
-        LookAhead look_ahead =
-            start_look_ahead_of(image, warm_up_root, config, context.warm_up_names);
+        // 5. The names every start needs, looked up ahead (on a thread of its own: no fork
+        //    follows).
+        start_look_ahead_of(image, config);
         // 6. Init may take its copy of the mount namespace now. A container's --rw start: with
         //    the sandbox's tmpfs in it, which this process keeps to save from at the end.
         if (saves_changes_to_container(config)) mount_sandbox_tmpfs_to_keep(config);
@@ -172,7 +162,6 @@ void run_supervisor(SupervisorContext context) {
         // 8. The report, once init is gone; the mounts go with this process.
         StageReport report = final_report(init_channels.report.read_end.get(), end, started, config,
                                           context.report.get());
-        if (config.learn_warm_up && !end.timed_out) finish_learning_look_ahead(look_ahead);
         // 9. A container's --rw start: what the sandbox wrote, into the container's layer.
         if (saves_changes_to_container(config)) save_container_changes(config, report);
         server.kill_and_reap();
@@ -190,7 +179,7 @@ void run_init(InitContext context) {
     const SandboxConfig& config = *plan.config;
     try {
         // 1. Tied to the supervisor, not dumpable, holding only its own descriptors (none of the
-        //    host's the supervisor holds: the image, the report, the unpacked files).
+        //    host's the supervisor holds: the image, the report).
         die_with_supervisor(context.lifeline.get());
         keep_only_init_descriptors(context);
         // 2. Namespaces of its own: a user namespace (sqbox serve), the network (loopback only).

@@ -67,24 +67,10 @@ int try_mount_overlay(const std::string& target, const std::string& lower,
     }
 }
 
-// Whether the supervisor bound the image's unpacked files at /hot (a mount point, not the
-// empty directory of the scratch root).
-bool unpacked_files_mounted() {
-    struct stat hot {};
-    struct stat root {};
-    return ::stat(kUnpackedFilesDir, &hot) == 0 && ::stat("/", &root) == 0 &&
-           hot.st_dev != root.st_dev;
-}
-
-// mount_overlay with the unpacked files above the image when there are some: if the kernel
-// refuses that layer (its filesystem, say), the sandbox still gets the overlay without it.
+// The overlay root, or false (with a warning) where overlayfs is not permitted.
 bool mount_overlay(const std::string& target, const std::string& lower,
-                   const std::string& layer_dir, bool with_unpacked_files) {
-    int err = ENOENT;
-    if (with_unpacked_files) {
-        err = try_mount_overlay(target, std::string(kUnpackedFilesDir) + ":" + lower, layer_dir);
-    }
-    if (err != 0) err = try_mount_overlay(target, lower, layer_dir);
+                   const std::string& layer_dir) {
+    const int err = try_mount_overlay(target, lower, layer_dir);
     if (err == 0) return true;
     // The image server died: nothing to fall back to.
     if (is_lost_image_server(err)) throw system_error("cannot mount the root's overlay", err);
@@ -338,10 +324,7 @@ PreparedRoot mount_layers(const SandboxConfig& config,
         lower = std::string(kOldRootDir) + config.persistent_layer + "/upper:" + lower;
     }
     PreparedRoot prepared;
-    // Not under a container's persistent layer: its copied-up files would then remember a layer
-    // that later starts may not have.
-    const bool with_unpacked_files = config.persistent_layer.empty() && unpacked_files_mounted();
-    prepared.writable = mount_overlay(root_path, lower, kSandboxDir, with_unpacked_files);
+    prepared.writable = mount_overlay(root_path, lower, kSandboxDir);
     if (!prepared.writable) {
         if (!config.persistent_layer.empty()) {
             throw Error(
@@ -361,8 +344,7 @@ void enter_scratch_root() {
     // Only mount points live here; nothing the payload writes ever lands in it.
     UniqueFd scratch = create_filesystem("tmpfs", {{"mode", "0700"}, {"size", "1m"}},
                                          MountAttr::kNoSuid | MountAttr::kNoDev, "scratch tmpfs");
-    for (const char* dir :
-         {kOldRootDir, kImageDir, kSandboxDir, kUnpackedFilesDir, kImageViewDir}) {
+    for (const char* dir : {kOldRootDir, kImageDir, kSandboxDir}) {
         if (::mkdirat(scratch.get(), dir + 1, 0700) != 0) {
             throw system_error(std::string("cannot create scratch directory ") + dir);
         }
@@ -407,36 +389,6 @@ void mount_image(const ImageSource& image, int fuse_fd, const IdMapping& ids, Fu
                                     MountAttr::kReadOnly | MountAttr::kNoSuid | MountAttr::kNoDev,
                                     "FUSE mount of image " + image.path);
     attach_mount_at(fs.get(), kImageDir, "image " + image.path);
-}
-
-std::string mount_unpacked_files(const std::string& tree, int tree_fd, bool verbose) {
-    try {
-        // By path (a mount of the host's namespace cannot be cloned through a descriptor from
-        // there), then checked to be the directory whose stamp the launcher read.
-        UniqueFd bound = clone_mount_tree(AT_FDCWD, std::string(kOldRootDir) + tree, false,
-                                          "unpacked files " + tree);
-        struct stat checked {};
-        struct stat found {};
-        if (::fstat(tree_fd, &checked) != 0 || ::fstat(bound.get(), &found) != 0 ||
-            checked.st_dev != found.st_dev || checked.st_ino != found.st_ino) {
-            throw Error(tree + " was replaced since it was checked");
-        }
-        set_mount_attributes(bound.get(),
-                             MountAttr::kReadOnly | MountAttr::kNoSuid | MountAttr::kNoDev, 0,
-                             false, "unpacked files " + tree);
-        attach_mount_at(bound.get(), kUnpackedFilesDir, "unpacked files " + tree);
-        // Two lower layers and no upper: a read-only overlay.
-        UniqueFd view = create_overlay(
-            {{"lowerdir", std::string(kUnpackedFilesDir) + ":" + kImageDir}, {"xino", "off"}},
-            MountAttr::kReadOnly | MountAttr::kNoSuid | MountAttr::kNoDev, "the image's view");
-        attach_mount_at(view.get(), kImageViewDir, "the image's view");
-        return kImageViewDir;
-    } catch (const Error& e) {
-        if (verbose) print_error(std::string("warm-up: unpacked files not used: ") + e.what());
-        // Init lays /hot above the image only if it is mounted; a view half made is not read.
-        (void)::umount2(kUnpackedFilesDir, MNT_DETACH);
-        return kImageDir;
-    }
 }
 
 bool saves_changes_to_container(const SandboxConfig& config) {

@@ -24,14 +24,6 @@ inline constexpr const char* kShmArea = "shm";
 inline std::string writable_area(const char* area) {
     return std::string(kSandboxDir) + "/" + area;
 }
-// The image's unpacked files (warm_up/unpacked_files.h), when there are any: a layer above /image.
-// Named as before the words settled ("hot files"): sandboxes see it in their mount table, as the
-// overlay's lowerdir.
-inline constexpr const char* kUnpackedFilesDir = "/hot";
-// The image as sandboxes see it (the unpacked files above /image), read-only: what the
-// supervisor's warm-up reads, so that it does not fetch through FUSE what the sandbox will read
-// from the unpacked files.
-inline constexpr const char* kImageViewDir = "/view";
 // A container's layer over the image, where the supervisor saves what a --rw start wrote.
 inline constexpr const char* kContainerViewDir = "/container";
 
@@ -48,12 +40,6 @@ enum class FuseUsers { kThisUserNamespace, kMountersIds };
 // /dev/fuse whose server must be started right after (requests block until it answers).
 void mount_image(const ImageSource& image, int fuse_fd, const IdMapping& ids,
                  FuseUsers users = FuseUsers::kThisUserNamespace);
-
-// Supervisor, once the image server runs: binds the unpacked files at `tree` (a host path) at
-// /hot, read-only, if it is still the directory open at `tree_fd`, and mounts the image's view
-// at /view. Returns the directory the warm-up should read: /view, or /image if the layer could
-// not be set up (with --verbose, a line says why; the sandbox then runs from the image alone).
-std::string mount_unpacked_files(const std::string& tree, int tree_fd, bool verbose);
 
 // A container's --rw start: the sandbox writes into its own bounded tmpfs like any other, and what
 // it wrote is saved into the container's layer (on disk) when it has ended, so that the writable

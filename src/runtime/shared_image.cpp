@@ -425,8 +425,8 @@ void stop_flushes(const std::string& image_dir) {
         if (!fuse) throw system_error("cannot open /dev/fuse");
         enter_scratch_root();
         mount_image(image, fuse.get(), ids, FuseUsers::kMountersIds);
-        ChildProcess server = start_image_server(image, fuse.get(), ids, {listener.get()}, -1,
-                                                 nullptr, FileOpens::kWithoutMessages);
+        ChildProcess server = start_image_server(image, fuse.get(), ids, {listener.get()}, nullptr,
+                                                 FileOpens::kWithoutMessages);
         fuse.reset();  // the server's now
         stop_flushes(kImageDir);
         serve_launchers(listener.get(), server, identity, idle);

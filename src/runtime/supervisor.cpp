@@ -22,6 +22,7 @@
 #include "image/squashfs_server.h"
 #include "runtime/image_server_confinement.h"
 #include "runtime/init.h"
+#include "runtime/look_ahead.h"
 #include "runtime/payload.h"
 #include "runtime/rootfs.h"
 #include "runtime/signals.h"
@@ -31,15 +32,11 @@
 #include "util/fd_passing.h"
 #include "util/files.h"
 #include "util/process.h"
-#include "warm_up/warm_up.h"
 
 namespace sqbox {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// How long a learning run waits for the warm-up of the list it started with.
-constexpr auto kLearningWarmUpWait = std::chrono::seconds(2);
 
 std::string format_seconds(double seconds) {
     char buffer[32];
@@ -92,8 +89,8 @@ IdMapping map_ids_and_seal(const SandboxConfig& config) {
 }
 
 ChildProcess start_image_server(const ImageSource& image, int fuse_fd, const IdMapping& ids,
-                                const std::vector<int>& close_in_server, int learn_fd,
-                                ServerRecord* record, FileOpens file_opens) {
+                                const std::vector<int>& close_in_server, ServerRecord* record,
+                                FileOpens file_opens) {
     const pid_t self = ::getpid();
     pid_t pid = ::fork();
     if (pid < 0) throw system_error("cannot start the image server");
@@ -102,24 +99,23 @@ ChildProcess start_image_server(const ImageSource& image, int fuse_fd, const IdM
         for (int fd : close_in_server) {
             if (fd >= 0) (void)::close(fd);
         }
-        const std::unique_ptr<ImageAccessRecorder> recorder = make_learning_recorder(learn_fd);
         try {
-            confine_image_server({image.file.get(), fuse_fd, learn_fd});
+            confine_image_server({image.file.get(), fuse_fd});
         } catch (const Error& e) {
             print_error(e.what());
             ::_exit(kExitSqboxFailure);
         }
-        int status = serve_squashfs(
-            image.squashfs.get(), fuse_fd,
-            {ids.inside_uid, ids.inside_gid, kImageDir, recorder.get(), record, file_opens});
+        int status =
+            serve_squashfs(image.squashfs.get(), fuse_fd,
+                           {ids.inside_uid, ids.inside_gid, kImageDir, record, file_opens});
         ::_exit(status == 0 ? 0 : kExitSqboxFailure);
     }
     return ChildProcess(pid);
 }
 
 ChildProcess mount_image_and_serve(const ImageSource& image, const IdMapping& ids,
-                                   const std::vector<int>& close_in_server, int learn_fd,
-                                   UniqueFd* keep_fuse, ServerRecord* record) {
+                                   const std::vector<int>& close_in_server, UniqueFd* keep_fuse,
+                                   ServerRecord* record) {
     UniqueFd fuse;
     if (image.kind == ImageSource::Kind::kSquashfs) {
         fuse.reset(::open("/dev/fuse", O_RDWR | O_CLOEXEC));
@@ -128,8 +124,7 @@ ChildProcess mount_image_and_serve(const ImageSource& image, const IdMapping& id
     enter_scratch_root();
     mount_image(image, fuse.get(), ids);
     if (image.kind != ImageSource::Kind::kSquashfs) return {};
-    ChildProcess server =
-        start_image_server(image, fuse.get(), ids, close_in_server, learn_fd, record);
+    ChildProcess server = start_image_server(image, fuse.get(), ids, close_in_server, record);
     // Unless kept, `fuse` closes here: the server holds the connection now, and it ends with it.
     if (keep_fuse != nullptr) *keep_fuse = std::move(fuse);
     return server;
@@ -143,8 +138,6 @@ std::vector<int> descriptors_of(const SupervisorContext& context) {
     return {context.image->file.get(),
             context.report.get(),
             context.init_channel.get(),
-            context.learn_records.get(),
-            context.unpacked_files.fd.get(),
             context.shared_image.mount.get(),
             context.shared_image.connection.get(),
             diagnostics_fd()};
@@ -173,22 +166,13 @@ void InitChannels::close_init_ends() {
 }
 
 std::vector<int> server_closes(const SupervisorContext& context, const InitChannels& channels) {
-    return {context.report.get(),           context.init_channel.get(),
-            channels.report.read_end.get(), channels.lifeline.write_end.get(),
-            channels.image_ready.get(),     context.unpacked_files.fd.get()};
+    return {context.report.get(), context.init_channel.get(), channels.report.read_end.get(),
+            channels.lifeline.write_end.get(), channels.image_ready.get()};
 }
 
-std::string bind_unpacked_files(const ImageSource& image, UnpackedFilesHandle unpacked_files,
-                                bool verbose) {
-    if (image.kind != ImageSource::Kind::kSquashfs || !unpacked_files.fd) return kImageDir;
-    return mount_unpacked_files(unpacked_files.tree, unpacked_files.fd.get(), verbose);
-}
-
-LookAhead start_look_ahead_of(const ImageSource& image, const std::string& root,
-                              const SandboxConfig& config, const std::vector<WarmUpName>* names) {
-    if (image.kind != ImageSource::Kind::kSquashfs) return {};
-    return start_look_ahead(root, first_lookups(config, kDefaultPayloadPath),
-                            names != nullptr ? *names : std::vector<WarmUpName>{});
+void start_look_ahead_of(const ImageSource& image, const SandboxConfig& config) {
+    if (image.kind != ImageSource::Kind::kSquashfs) return;
+    start_look_ahead(kImageDir, first_lookups(config, kDefaultPayloadPath));
 }
 
 void tell_init_image_ready(UniqueFd& image_ready) {
@@ -274,10 +258,6 @@ StageReport final_report(int init_report_fd, const SandboxEnd& end, Clock::time_
             std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - started).count();
     }
     return report;
-}
-
-void finish_learning_look_ahead(LookAhead& look_ahead) {
-    (void)look_ahead.finish_within(kLearningWarmUpWait);
 }
 
 void save_container_changes(const SandboxConfig& config, StageReport& report) {

@@ -20,7 +20,6 @@
 #include "util/files.h"
 #include "util/process.h"
 #include "util/unique_fd.h"
-#include "warm_up/warm_up.h"
 
 namespace sqbox {
 
@@ -35,18 +34,17 @@ IdMapping map_ids_and_seal(const SandboxConfig& config);
 
 // Both supervisors: moves to the private scratch root, mounts `image` at /image and, for a
 // squashfs image, forks the FUSE server that serves it (closing `close_in_server` there).
-// Returns the server; no process for a directory image. `learn_fd`: where the server records
-// a learning run's lookups and reads (-1: not learning). sqbox serve keeps the connection's
+// Returns the server; no process for a directory image. sqbox serve keeps the connection's
 // /dev/fuse in `keep_fuse` and a ServerRecord, to start another server if this one dies.
 ChildProcess mount_image_and_serve(const ImageSource& image, const IdMapping& ids,
-                                   const std::vector<int>& close_in_server, int learn_fd = -1,
+                                   const std::vector<int>& close_in_server,
                                    UniqueFd* keep_fuse = nullptr, ServerRecord* record = nullptr);
 
 // Forks a confined image server (runtime/image_server_confinement.h) answering on `fuse_fd`;
 // `file_opens` says how it answers opens (FileOpens).
 ChildProcess start_image_server(const ImageSource& image, int fuse_fd, const IdMapping& ids,
-                                const std::vector<int>& close_in_server, int learn_fd,
-                                ServerRecord* record, FileOpens file_opens = FileOpens::kAnswered);
+                                const std::vector<int>& close_in_server, ServerRecord* record,
+                                FileOpens file_opens = FileOpens::kAnswered);
 
 // What the supervisor gets from the launcher. It owns the descriptors: each goes to the process
 // that needs it (init, the image server) and closes here once handed on.
@@ -54,15 +52,9 @@ struct SupervisorContext {
     const SandboxPlan* plan = nullptr;
     const ImageSource* image = nullptr;
     pid_t launcher_pid = 0;
-    // The image's learned warm-up list, looked up ahead of the payload (not in the plan: init and
-    // the payload have no use for it).
-    const std::vector<WarmUpName>* warm_up_names = nullptr;
     UniqueFd report;  // StageReport to the launcher
     // Init's end of a SOCK_SEQPACKET channel to the launcher (InitContext::channel).
     UniqueFd init_channel;
-    // A learning run: the memory file the image server appends its records to.
-    UniqueFd learn_records;
-    UnpackedFilesHandle unpacked_files;  // the image's unpacked files, bound above it
     // Instead of a server of its own: the shared image server's (runtime/shared_image.h).
     SharedImage shared_image;
 };
@@ -90,15 +82,9 @@ InitChannels make_init_channels();
 // What the image server closes: everything of the supervisor's but the image and /dev/fuse.
 std::vector<int> server_closes(const SupervisorContext& context, const InitChannels& channels);
 
-// Binds the image's unpacked files above it (rootfs.h: mount_unpacked_files) and closes their
-// descriptor; returns the directory the warm-up reads: the image as sandboxes will see it.
-std::string bind_unpacked_files(const ImageSource& image, UnpackedFilesHandle unpacked_files,
-                                bool verbose);
-
-// Starts looking up, on a thread, what every start needs and the warm-up list's names (a squashfs
-// image only). Call only once no more processes will be forked.
-LookAhead start_look_ahead_of(const ImageSource& image, const std::string& root,
-                              const SandboxConfig& config, const std::vector<WarmUpName>* names);
+// Starts looking up, on a thread, what every start needs (runtime/look_ahead.h; a squashfs image
+// only). Call only once no more processes will be forked.
+void start_look_ahead_of(const ImageSource& image, const SandboxConfig& config);
 
 // One byte to init: the image is mounted.
 void tell_init_image_ready(UniqueFd& image_ready);
@@ -129,11 +115,6 @@ std::string describe_image_server_death(int wait_status);
 StageReport final_report(int init_report_fd, const SandboxEnd& end,
                          std::chrono::steady_clock::time_point started, const SandboxConfig& config,
                          int report_fd);
-
-// A learning run's record includes what the warm-up looked up (the directories on the way to a
-// listed name, say). Bounded, and not after a timeout: this process does not act on signals
-// meanwhile, and a wedged server would keep the warm-up waiting.
-void finish_learning_look_ahead(LookAhead& look_ahead);
 
 // A container's --rw start, once the sandbox has ended: saves what it wrote into the container's
 // layer (runtime/rootfs.h). A failure is one line on stderr and sqbox's failure status in the

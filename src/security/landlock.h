@@ -18,9 +18,9 @@ void apply_landlock(int abi);
 // beneath `directory_fd` (reading, writing, creating, removing; nothing executed), and nothing
 // anywhere else; from ABI 4 on no TCP bind or connect, from ABI 6 on no signals or abstract-socket
 // connections outside the domain. Descriptors already open stay usable. For sqbox's own work on
-// untrusted input (warm_up/unpacked_files.h). With `symlinks`, it may also create symbolic links
-// there (image/image_unpack.h: an unpacked image keeps its symlinks, never followed while it is
-// made). no_new_privs must be set. Throws on failure.
+// untrusted input. With `symlinks`, it may also create symbolic links there
+// (image/image_unpack.h: an unpacked image keeps its symlinks, never followed while it is made).
+// no_new_privs must be set. Throws on failure.
 void confine_to_directory(int abi, int directory_fd, bool symlinks = false);
 
 // Confines the calling process (and everything it starts) to the descriptors it holds: no file or

@@ -144,8 +144,8 @@ class WarmSupervisor {
             ::_exit(kExitSqboxFailure);
         }
         answer_lost_request();
-        fuse_server_ = start_image_server(*context_.image, fuse_.get(), ids_, {context_.control_fd},
-                                          -1, record_);
+        fuse_server_ =
+            start_image_server(*context_.image, fuse_.get(), ids_, {context_.control_fd}, record_);
         print_error(death + "; started another (the request it was answering failed with EIO)");
     }
 
@@ -329,7 +329,7 @@ void run_warm_supervisor(const WarmSupervisorContext& context) {
         auto* record = new (shared) ServerRecord;
         UniqueFd fuse;
         ChildProcess server =
-            mount_image_and_serve(*context.image, ids, {context.control_fd}, -1, &fuse, record);
+            mount_image_and_serve(*context.image, ids, {context.control_fd}, &fuse, record);
         if (::mkdir("/session", 0755) != 0) throw system_error("cannot create /session");
         write_file_at(AT_FDCWD, kDriverPathInScratch, context.driver_source, O_EXCL | O_NOFOLLOW,
                       0644);

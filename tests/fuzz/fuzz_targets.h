@@ -16,11 +16,7 @@ namespace sqbox::fuzz {
 // file checked against libsquashfuse's reading of it.
 void image_server(const uint8_t* data, size_t size);
 
-// Image paths (resolve_image_path) and the unpacker: the image's own warm-up list and the tree
-// a list of every path the image holds unpacks to, then checked as the launcher checks it.
-void image_unpacker(const uint8_t* data, size_t size);
-
-// Export: the files the unpacker takes out of the image, written back to a new image with
+// Export: the files of the image, written back to a new image with
 // squashfs_writer, which must read back the same.
 void image_export(const uint8_t* data, size_t size);
 
@@ -31,7 +27,6 @@ struct Target {
 
 inline constexpr Target kTargets[] = {
     {"image_server", image_server},
-    {"image_unpacker", image_unpacker},
     {"image_export", image_export},
 };
 

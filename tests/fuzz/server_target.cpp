@@ -32,16 +32,6 @@ constexpr uint64_t kMaxReadPerFile = uint64_t{160} << 10;
 constexpr uint32_t kReaddirSize = 1024;  // small, so that listings take several requests
 constexpr int kMaxReaddirPages = 32;
 
-class Recorder : public ImageAccessRecorder {
-  public:
-    void looked_up(const std::string& path) override { seen_ += path.size(); }
-    void first_read(const std::string& path) override { seen_ += path.size(); }
-    void first_listed(const std::string& path) override { seen_ += path.size(); }
-
-  private:
-    size_t seen_ = 0;
-};
-
 struct Reply {
     int32_t error = 0;
     std::vector<char> payload;
@@ -263,18 +253,15 @@ void check_extents(sqfs* fs, sqfs_inode& inode) {
 void image_server(const uint8_t* data, size_t size) {
     std::optional<ImageSource> image = open_fuzz_image(data, size);
     if (!image) return;
-    Recorder recorder;
     SquashfsServerOptions options;
     options.owner_uid = 1000;
     options.owner_gid = 1000;
-    options.recorder = &recorder;
     // An empty directory: the prefetch thread finds nothing there, but it is handed every job.
     options.mount_point = scratch_directory();
     for (const bool splice : {true, false}) {
         FuseClient client(image->squashfs.get(), options);
         initialize(client, splice);
         walk(client);
-        options.recorder = nullptr;
         options.mount_point.clear();
     }
     sqfs* fs = &image->squashfs->fs;

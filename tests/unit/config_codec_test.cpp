@@ -59,9 +59,6 @@ SandboxConfig config_with_every_field_set() {
     config.rc_script = "exec \"$@\"\n";
     config.login_shell = false;
     config.export_image_path = "/out.sqsh";
-    config.warm_up_directory = "/cache/warm-up";
-    config.use_warm_up_list = false;
-    config.learn_warm_up = true;
     config.image_server_idle_seconds = 5;
     config.verbose = true;
     config.proc_view = SandboxConfig::ProcView::kOuter;
@@ -110,7 +107,7 @@ TEST(ConfigCodec, OptionalsAreNullOrTheValue) {
 
 TEST(ConfigCodec, AMissingFieldIsAnError) {
     nlohmann::json json = config_to_json(SandboxConfig{});
-    json.erase("learn_warm_up");
+    json.erase("image_server_idle_seconds");
     EXPECT_THROW((void)config_from_json(json), nlohmann::json::exception);
 }
 

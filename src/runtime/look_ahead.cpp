@@ -1,4 +1,4 @@
-#include "warm_up/look_ahead.h"
+#include "runtime/look_ahead.h"
 
 #include <fcntl.h>
 #include <linux/openat2.h>
@@ -6,7 +6,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <array>
 #include <optional>
 #include <system_error>
 #include <thread>
@@ -25,11 +24,6 @@ constexpr size_t kFirstChunkBytes = size_t{128} << 10;
 // that a chain of scripts cannot keep the look-ahead going.
 constexpr size_t kMaxInterpreters = 4;
 
-// A directory is listed in getdents64 calls of this many bytes, at most this many calls (a huge
-// directory is only partly listed ahead: the payload lists the rest itself).
-constexpr size_t kListingBufferBytes = 32 << 10;
-constexpr size_t kMaxListingCalls = 16;
-
 // Opens `path` as the sandbox would resolve it, on the image mounted at `root`: absolute symlinks
 // and ".." stay inside the image, never across a mount, never through a /proc magic link.
 UniqueFd open_in_image(int root, const std::string& path, uint64_t flags) {
@@ -39,32 +33,7 @@ UniqueFd open_in_image(int root, const std::string& path, uint64_t flags) {
     return UniqueFd(static_cast<int>(::syscall(SYS_openat2, root, path.c_str(), &how, sizeof how)));
 }
 
-// What the payload itself would do first with a name: look it up, and read a file's first chunk
-// or list a directory (the kernel keeps a directory's listing: image/squashfs_server.cpp).
-void look_up_learned(int root, const WarmUpName& name) {
-    // O_PATH: a lookup (following symlinks, inside the image) and nothing else.
-    uint64_t flags = O_PATH | O_CLOEXEC;
-    if (name.kind == WarmUpKind::kRead) flags = O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC;
-    if (name.kind == WarmUpKind::kList) flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC;
-    UniqueFd file = open_in_image(root, name.path, flags);
-    if (!file) return;
-    if (name.kind == WarmUpKind::kList) {
-        std::array<char, kListingBufferBytes> entries{};
-        for (size_t calls = 0; calls < kMaxListingCalls; ++calls) {
-            if (::syscall(SYS_getdents64, file.get(), entries.data(), entries.size()) <= 0) break;
-        }
-        return;
-    }
-    struct stat info {};
-    if (name.kind != WarmUpKind::kRead || ::fstat(file.get(), &info) != 0 ||
-        !S_ISREG(info.st_mode)) {
-        return;
-    }
-    (void)::readahead(file.get(), 0, kFirstChunkBytes);
-}
-
-void look_ahead(const std::string& mount_point, std::vector<std::string> paths,
-                const std::vector<WarmUpName>& learned) {
+void look_ahead(const std::string& mount_point, std::vector<std::string> paths) {
     UniqueFd root(::open(mount_point.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
     if (!root) return;
     const size_t limit = paths.size() + kMaxInterpreters;
@@ -85,7 +54,6 @@ void look_ahead(const std::string& mount_point, std::vector<std::string> paths,
         }
         (void)::readahead(file.get(), 0, kFirstChunkBytes);
     }
-    for (const auto& name : learned) look_up_learned(root.get(), name);
 }
 
 }  // namespace
@@ -121,31 +89,13 @@ std::vector<std::string> first_lookups(const SandboxConfig& config,
     return paths;
 }
 
-LookAhead::~LookAhead() {
-    if (thread_.joinable()) thread_.detach();
-}
-
-bool LookAhead::finish_within(std::chrono::milliseconds limit) {
-    if (!thread_.joinable()) return true;
-    if (done_.wait_for(limit) != std::future_status::ready) return false;
-    thread_.join();
-    return true;
-}
-
-LookAhead start_look_ahead(std::string mount_point, std::vector<std::string> paths,
-                           std::vector<WarmUpName> learned) {
+void start_look_ahead(std::string mount_point, std::vector<std::string> paths) {
     try {
-        std::promise<void> done;
-        std::future<void> finished = done.get_future();
-        std::thread thread([mount_point = std::move(mount_point), paths = std::move(paths),
-                            learned = std::move(learned), done = std::move(done)]() mutable {
-            look_ahead(mount_point, std::move(paths), learned);
-            done.set_value();
-        });
-        return {std::move(thread), std::move(finished)};
+        std::thread([mount_point = std::move(mount_point), paths = std::move(paths)]() mutable {
+            look_ahead(mount_point, std::move(paths));
+        }).detach();
     } catch (const std::system_error&) {
         // No thread to be had: the sandbox only starts a little slower.
-        return {};
     }
 }
 

@@ -1,5 +1,5 @@
 // The look-ahead: looking up, ahead of init and the payload, what every start needs from a
-// squashfs image and the names of its warm-up list.
+// squashfs image.
 //
 // A fresh FUSE mount knows no names yet, so each first lookup is a round trip to the image server
 // in which the sandbox waits. Some are the same for every start: the /etc files sqbox's set-up
@@ -7,8 +7,7 @@
 // cache those), glibc's /etc/ld.so.cache and the interpreter the command names (an ELF file's
 // dynamic loader, a script's "#!" line). A thread of the supervisor looks those up, and reads
 // the first chunk of the ones that are files (which starts the server's read-ahead of the rest),
-// while init is still creating namespaces. Then it goes through the image's learned warm-up list
-// (warm_up/warm_up_list.h): what earlier learning runs' payloads looked up, read and listed.
+// while init is still creating namespaces.
 //
 // The supervisor, not the server: a thread of the server waiting for its own server's answer
 // could not be killed (image/squashfs_prefetch.h). The supervisor holds no /dev/fuse descriptor,
@@ -19,14 +18,10 @@
 // mount, which is nodev, so an image's symlinks cannot make it open anything of the host.
 #pragma once
 
-#include <chrono>
-#include <future>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "sqbox/config.h"
-#include "warm_up/warm_up_list.h"
 
 namespace sqbox {
 
@@ -35,33 +30,11 @@ namespace sqbox {
 std::vector<std::string> first_lookups(const SandboxConfig& config,
                                        const std::string& default_path);
 
-// The look-ahead's thread. Detached when this object goes, unless finish_within() saw it end: the
-// thread holds nothing that needs cleaning up, and the process may exit under it.
-class LookAhead {
-  public:
-    LookAhead() = default;
-    LookAhead(std::thread thread, std::future<void> done)
-        : thread_(std::move(thread)), done_(std::move(done)) {}
-    LookAhead(LookAhead&&) = default;
-    LookAhead& operator=(LookAhead&&) = delete;
-    LookAhead(const LookAhead&) = delete;
-    LookAhead& operator=(const LookAhead&) = delete;
-    ~LookAhead();
-
-    // Waits at most `limit` for every name to have been looked up (only while the image server
-    // is alive: it answers each lookup). True if the look-ahead ended, or never started.
-    bool finish_within(std::chrono::milliseconds limit);
-
-  private:
-    std::thread thread_;
-    std::future<void> done_;
-};
-
 // Starts a thread that looks up `paths` (absolute, in the image) on the image mounted at
-// `mount_point`, following the interpreters they name, then the image's learned list `learned`:
-// each name looked up, the first chunk of files read, directories listed. Call only once no more
-// processes will be forked. Without a thread to be had, nothing is warmed up.
-LookAhead start_look_ahead(std::string mount_point, std::vector<std::string> paths,
-                           std::vector<WarmUpName> learned);
+// `mount_point`, following the interpreters they name, and reads the first chunk of the files.
+// The thread is detached: it holds nothing that needs cleaning up, and the process may exit under
+// it. Call only once no more processes will be forked. Without a thread to be had, nothing is
+// looked up ahead.
+void start_look_ahead(std::string mount_point, std::vector<std::string> paths);
 
 }  // namespace sqbox
