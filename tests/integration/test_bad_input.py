@@ -61,6 +61,17 @@ def test_unknown_option(sqbox_bin, busybox_image):
     one_line_error(result)
 
 
+def test_learn_warm_up_is_an_unknown_option_since_lists_were_removed(sqbox, busybox_image,
+                                                                     tmp_path):
+    """Learning runs are gone with warm-up lists: the option is refused like any unknown one,
+    before anything is made in the cache."""
+    cache = tmp_path / "cache"
+    result = sqbox.run(busybox_image, "true", options=["--learn-warm-up"],
+                       env=dict(os.environ, SQBOX_CACHE_DIR=str(cache)))
+    assert "--learn-warm-up" in one_line_error(result)
+    assert not cache.exists()
+
+
 def test_bad_option_values(sqbox, busybox_image, tmp_path):
     cases = [
         (["--memory", "lots"], "--memory"),

@@ -23,6 +23,24 @@ def test_options_after_image_without_double_dash_belong_to_the_command(sqbox_bin
     assert result.stdout == "--timeout"
 
 
+def test_no_warm_up_is_still_accepted_and_old_lists_are_left_alone(sqbox, busybox_image,
+                                                                   tmp_path):
+    """--no-warm-up has no effect since warm-up lists were removed; scripts that pass it keep
+    working. A list an older sqbox left in the cache is neither used nor removed."""
+    cache = tmp_path / "cache"
+    old_list = cache / "warm-up" / "busybox-list"
+    old_list.parent.mkdir(parents=True, mode=0o700)
+    old_list.write_bytes(b"sqbox-warm-up 1\nR/etc/passwd\0")
+    env = dict(os.environ, SQBOX_CACHE_DIR=str(cache))
+    for options in ([], ["--no-warm-up"], ["--no-warm-up", "--image-server-idle", "0"]):
+        result = sqbox.run(busybox_image, "sh", "-c", "echo ran; cat /etc/hostname",
+                           options=options, env=env)
+        assert (result.returncode, result.stdout, result.stderr) == (0, "ran\nsandbox\n", ""), \
+            (options, result.stderr)
+    assert old_list.read_bytes() == b"sqbox-warm-up 1\nR/etc/passwd\0"
+    assert sorted(p.name for p in old_list.parent.iterdir()) == ["busybox-list"]
+
+
 def test_exit_code_passes_through(sqbox, busybox_image):
     assert sqbox.run(busybox_image, "sh", "-c", "exit 42").returncode == 42
     assert sqbox.run(busybox_image, "sh", "-c", "exit 0").returncode == 0

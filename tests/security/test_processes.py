@@ -373,14 +373,13 @@ def _peer_command_line(socket_link):
     return ""
 
 
-@pytest.mark.parametrize("options", [[], ["--output-limit", "1M"], ["--learn-warm-up"]],
-                         ids=["plain", "output-limit", "learning"])
+@pytest.mark.parametrize("options", [[], ["--output-limit", "1M"]],
+                         ids=["plain", "output-limit"])
 def test_sandbox_processes_hold_only_their_own_descriptors(box, options):
     """Each process owns its descriptors and closes what it hands on: init keeps its report,
     lifeline and the payload's exec status (and the copy of the caller's stderr its own messages
-    go to); the payload only stdio; the supervisor neither the
-    learning run's record file nor the unpacked files' directory once the server and the bind
-    have them, nor init's channel. A missed close would be a host descriptor in the sandbox."""
+    go to); the payload only stdio; the supervisor not init's channel. A missed close would be a
+    host descriptor in the sandbox."""
     if os.geteuid() != 0:
         pytest.skip("needs root: the sandbox's processes are not dumpable, so only root can "
                     "read their descriptors")
@@ -415,11 +414,5 @@ def test_sandbox_processes_hold_only_their_own_descriptors(box, options):
     assert callers_stderr in own, (callers_stderr, init_fds)
     own.remove(callers_stderr)
     assert len(own) == 3 and all(what.startswith("pipe:") for what in own), init_fds
-    held = list(supervisor_fds.values())
-    assert not [w for w in held if "memfd:" in w or w.endswith(".files/tree")], supervisor_fds
-    # One socket at most: its connection to the image's shared server (not init's channel, say),
-    # which a learning run, serving its image itself, does not have.
-    if "--learn-warm-up" in options:
-        assert socket_peers == [], supervisor_fds
-    else:
-        assert len(socket_peers) == 1 and "image-server" in socket_peers[0], supervisor_fds
+    # One socket: its connection to the image's shared server (not init's channel, say).
+    assert len(socket_peers) == 1 and "image-server" in socket_peers[0], supervisor_fds

@@ -340,9 +340,8 @@ def test_a_stalled_shared_server_holds_no_sandbox_past_its_end_or_timeout(box, c
 
 def test_a_stalled_shared_server_makes_the_next_sandbox_serve_its_image_itself(
         box, cache, tmp_path):
-    """A later sandbox of an image whose server has stalled (the image's warm-up files are
-    unpacked, so its supervisor lays them over the mount before the payload starts) does not wait
-    on it past its --timeout: its launcher finds the mount not answering and serves it itself."""
+    """A later sandbox of an image whose server has stalled does not wait on it past its
+    --timeout: its launcher finds the mount not answering and serves it itself."""
     first, record = run_json(box, cache, box.python_image, ["true"], tmp_path, idle=30)
     assert first.returncode == 0 and record["image_access"] == "shared", first.stderr
     [(server, [parser])] = shared_servers(cache)
@@ -597,10 +596,8 @@ def test_a_shared_parser_killed_while_its_first_sandbox_reads_always_ends(box, c
     and sqbox's one line after the payload's own; the parser and its server end; the next run
     starts a new server."""
     rng = random.Random(24)
-    # Without the image's warm-up list: every file comes through the parser.
     argv = box.argv(box.python_image, ["python3", "-c", "import asyncio, decimal, email.mime.text, "
-                                       "http.client, json, unittest; print('ran')", box.marker],
-                    ["--no-warm-up"])
+                                       "http.client, json, unittest; print('ran')", box.marker])
     env = environment(cache, idle=1)
     outcomes = collections.Counter()
     for _ in range(12):
