@@ -2,10 +2,6 @@
 # python: Debian bookworm's "essential" package set plus python3 (no apt, no docs), the
 # image the benchmarks and the Python-driver tests run model-style code in.
 
-# The image carries the warm-up list of Python's own start-up (README, "Warm-up lists"), which
-# every Python program goes through first: images/build learns it with the sqbox just built.
-WARM_UP_COMMAND=(python3 -c pass)
-
 build_rootfs() {
     local rootfs=$1 work=$2
 

@@ -5,7 +5,7 @@
 # python image, which the benchmarks time, stays as small as it is.
 #
 # The same packages and options as python.sh (kept in step by hand: a recipe's cache key covers
-# only its own file, lib.sh and build), without the warm-up list, which no benchmark reads here.
+# only its own file, lib.sh and build).
 
 build_rootfs() {
     local rootfs=$1 work=$2
