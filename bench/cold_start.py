@@ -3,10 +3,9 @@
 
 Compares, interleaved in one run, a plain chroot into the extracted image
 (native), bubblewrap with all namespaces on the extracted directory, sqbox on the
-extracted directory, sqbox on the project's .sqsh image (with its warm-up list and
-without), sqbox on .sqsh images the bench makes from the same root filesystem the way
-users make them (mksquashfs's defaults, enroot's options, zstd: no warm-up list; first
-run with the image out of the page cache and no shared image server yet, later runs, and later
+extracted directory, sqbox on the project's .sqsh image, sqbox on .sqsh images the bench
+makes from the same root filesystem the way users make them (mksquashfs's defaults, enroot's
+options, zstd; first run with the image out of the page cache and no shared image server yet, later runs, and later
 runs with an image server of their own: --image-server-idle 0), and enroot's `start` of a
 created container when enroot is installed; then reports the peak RSS of sqbox's own
 processes (launcher, supervisor, FUSE server, init, and the image's shared server).
@@ -37,7 +36,7 @@ RSS_TARGET_KB = 10 * 1024  # supervisor + FUSE server budget: 10 MiB
 # enroot 4.1's default ENROOT_SQUASH_OPTIONS (its enroot.conf) and the -all-root its import adds
 # (src/docker.sh): how enroot users' images are made.
 ENROOT_SQUASH_OPTIONS = ["-all-root", "-comp", "lzo", "-noD", "-exit-on-error"]
-# The images users make without a warm-up list: (kind, mksquashfs options, description).
+# The images users make: (kind, mksquashfs options, description).
 USER_IMAGE_KINDS = [
     ("gzip", [], "mksquashfs defaults (gzip)"),
     ("lzo-noD", ENROOT_SQUASH_OPTIONS, "enroot's options (lzo -noD)"),
@@ -46,8 +45,6 @@ USER_IMAGE_KINDS = [
 # Where enroot 4.1.2 is installed when it is built from source (bench/README.md, Image import):
 # not on PATH, so its helpers are put on PATH for its rows.
 ENROOT_DEFAULT = "/opt/enroot-4.1.2/bin/enroot"
-# Where an image carries its own warm-up list (docs/warm-up.md); images/build puts one there.
-WARM_UP_IN_IMAGE = "etc/sqbox/warm-up"
 # Changes whenever user_images() makes different images, so cached ones are made again.
 USER_IMAGES_RECIPE = "2: no warm-up list"
 
@@ -91,8 +88,7 @@ def user_images(image, build_dir):
     Cached in BUILD_DIR/bench-images/KEY/, KEY from the source image's path, size and mtime (and
     USER_IMAGES_RECIPE), so reruns skip mksquashfs. Made as root from a root-owned extraction, so
     every file is owned by root as in an image pulled from a registry; world-readable for
-    --as-user. The project's images carry their warm-up list in the image (WARM_UP_IN_IMAGE):
-    it is left out, as users' images have none.
+    --as-user.
     """
     st = os.stat(image)
     key = hashlib.sha256(f"{USER_IMAGES_RECIPE}\0{os.path.realpath(image)}\0{st.st_size}\0"
@@ -111,9 +107,6 @@ def user_images(image, build_dir):
         rootfs = os.path.join(staging, "rootfs")
         subprocess.run(["unsquashfs", "-q", "-n", "-d", rootfs, image],
                        stdout=subprocess.DEVNULL, check=True)
-        in_image = os.path.join(rootfs, WARM_UP_IN_IMAGE)
-        if os.path.lexists(in_image):
-            os.unlink(in_image)
         for kind, options, _ in USER_IMAGE_KINDS:
             made, copy = paths[kind]
             print(f"cold_start: making {made}", file=sys.stderr, flush=True)
@@ -197,9 +190,8 @@ def commands(sqbox, image, rootfs, user, caches, compare=None, switch=None,
              made=None, enroot=None):
     """(name, argv, environment) for each row; every row goes through runuser when --as-user.
 
-    Each sqbox row has its own SQBOX_CACHE_DIR, empty when measuring starts: the .sqsh row
-    unpacks the files of the image's own warm-up list there in its first (warm-up) round, as a
-    user's first run does, and lists you learned yourself never change the figures.
+    Each sqbox row has its own SQBOX_CACHE_DIR, empty when measuring starts, where the .sqsh
+    rows' shared image servers keep their sockets.
     """
     if os.geteuid() == 0 and not user:
         native = ("native (chroot)", ["chroot", rootfs] + PAYLOAD)
@@ -216,21 +208,19 @@ def commands(sqbox, image, rootfs, user, caches, compare=None, switch=None,
          {"SQBOX_CACHE_DIR": caches["sqsh"]}),
         ("sqbox run ROOTFS (dir)", [sqbox, "run", rootfs, "--"] + PAYLOAD,
          {"SQBOX_CACHE_DIR": caches["dir"]}),
-        ("sqbox run --no-warm-up IMAGE.sqsh", [sqbox, "run", "--no-warm-up", image, "--"] + PAYLOAD,
-         {"SQBOX_CACHE_DIR": caches["no-warm-up"]}),
     ]
     for kind, _, description in USER_IMAGE_KINDS if made else []:
         warm, first = made[kind]
         # A first run starts the image's shared server (docs/run.md); it leaves 1 s after, so
         # none is left from one sample to the next.
-        rows.append((f"{FIRST_ROW_PREFIX}{description}, no list",
+        rows.append((f"{FIRST_ROW_PREFIX}{description}",
                      [sqbox, "run", first, "--"] + PAYLOAD,
                      {"SQBOX_CACHE_DIR": caches[f"first-{kind}"], "SQBOX_IMAGE_SERVER_IDLE": "1"}))
-        rows.append((f"{LATER_ROW_PREFIX}{description}, no list",
+        rows.append((f"{LATER_ROW_PREFIX}{description}",
                      [sqbox, "run", warm, "--"] + PAYLOAD,
                      {"SQBOX_CACHE_DIR": caches[f"later-{kind}"]}))
         # What later runs took before the shared server: a server (and page cache) of their own.
-        rows.append((f"{OWN_SERVER_ROW_PREFIX}{description}, no list",
+        rows.append((f"{OWN_SERVER_ROW_PREFIX}{description}",
                      [sqbox, "run", "--image-server-idle", "0", warm, "--"] + PAYLOAD,
                      {"SQBOX_CACHE_DIR": caches[f"later-{kind}"]}))
     if enroot:
@@ -484,7 +474,7 @@ def main():
         compare = os.path.abspath(args.compare) if args.compare else None
         switch = os.path.abspath(args.hardening_switch) if args.hardening_switch else None
         caches = {kind: os.path.join(workdir, f"cache-{kind}")
-                  for kind in ["sqsh", "dir", "no-warm-up", "compare", "switch", "rss"]
+                  for kind in ["sqsh", "dir", "compare", "switch", "rss"]
                   + [f"{when}-{kind}" for when in ("first", "later")
                      for kind, _, _ in USER_IMAGE_KINDS]}
         enroot_row = None
@@ -496,19 +486,18 @@ def main():
                         made, enroot_row)
         preparations = {}
         for kind, _, description in USER_IMAGE_KINDS if made else []:
-            preparations[f"{FIRST_ROW_PREFIX}{description}, no list"] = \
+            preparations[f"{FIRST_ROW_PREFIX}{description}"] = \
                 first_run_preparation(made[kind][1], caches[f"first-{kind}"])
         samples = measure(rows, args.rounds, preparations)
         extra_pairs = measure_pairs(rows, args.switch_rounds) if args.switch_rounds else None
-        # A first run (its cache directory is empty): peak memory includes unpacking the files
-        # of the image's warm-up list, if it has one.
+        # A first run (its cache directory is empty): it starts the image's shared server.
         rss, pids = measure_rss(sqbox, image, args.as_user, caches["rss"])
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
     stats = {name: summarize(v) for name, v in samples.items()}
     names = [name for name, _, _ in rows]
-    native, bwrap, sq_img, sq_cold = names[0], names[1], names[2], names[4]
+    native, bwrap, sq_img = names[0], names[1], names[2]
     for name in names:
         stats[name]["x_native"] = stats[name]["median"] / stats[native]["median"]
         stats[name]["x_bwrap"] = stats[name]["median"] / stats[bwrap]["median"]
@@ -531,8 +520,6 @@ def main():
     print()
     print(f"sqbox cold start: {stats[sq_img]['x_native']:.2f} x native, "
           f"{stats[sq_img]['x_bwrap']:.2f} x bubblewrap")
-    print(f"  everything through the image server (--no-warm-up): "
-          f"{stats[sq_cold]['x_native']:.2f} x native, {stats[sq_cold]['x_bwrap']:.2f} x bubblewrap")
     hardening = None
     if args.hardening_switch:
         # Per round, the two rows ran back to back: the median of their differences is less
@@ -583,8 +570,6 @@ def main():
                          for name, argv, env in rows],
                 "sqbox_x_native": stats[sq_img]["x_native"],
                 "sqbox_x_bwrap": stats[sq_img]["x_bwrap"],
-                "sqbox_no_warm_up_x_native": stats[sq_cold]["x_native"],
-                "sqbox_no_warm_up_x_bwrap": stats[sq_cold]["x_bwrap"],
                 "hardening_cost": hardening,
                 "switch_rounds": args.switch_rounds,
                 "switch_pairs_ms": extra_pairs,

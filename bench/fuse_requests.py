@@ -2,7 +2,7 @@
 """Where a cold start goes: the FUSE requests and the CPU time of single `sqbox run`s.
 
 For each image (and the extracted directory, as the floor without FUSE) runs
-`sqbox run --no-warm-up --image-server-idle 0 IMAGE -- python3 -c pass` (a FUSE mount and
+`sqbox run --image-server-idle 0 IMAGE -- python3 -c pass` (a FUSE mount and
 server of the run's own, as a first run has: the tracing follows the run's own connection) ROUNDS
 times, interleaved, each under
 `perf record` of the kernel's fuse:fuse_request_send / fuse_request_end tracepoints and
@@ -164,11 +164,11 @@ def main():
             for t in targets:
                 if os.path.isfile(t) and (args.first_run or t.endswith(FIRST_RUN_SUFFIX)):
                     evict(t)
-                traces[t].append(traced_run([sqbox, "run", "--no-warm-up", "--image-server-idle", "0", t, "--"] + PAYLOAD,
+                traces[t].append(traced_run([sqbox, "run", "--image-server-idle", "0", t, "--"] + PAYLOAD,
                                             env, workdir))
         results = {}
         for t in targets:
-            cpu = sampled_runs([sqbox, "run", "--no-warm-up", "--image-server-idle", "0", t, "--"] + PAYLOAD, env,
+            cpu = sampled_runs([sqbox, "run", "--image-server-idle", "0", t, "--"] + PAYLOAD, env,
                                args.rounds, workdir)
             runs = traces[t]
             med = {k: statistics.median(r[k] for r in runs if r[k] is not None)
