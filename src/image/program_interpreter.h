@@ -1,6 +1,6 @@
-// Which interpreter the kernel starts a program with, from the program's first bytes. The image
-// server uses it to warm up, ahead of the payload, the dynamic loader or script interpreter its
-// command will need (image/squashfs_prefetch.h).
+// Which interpreter the kernel starts a program with, from the program's first bytes. The
+// supervisor's look-ahead uses it to look up, ahead of the payload, the dynamic loader or script
+// interpreter its command will need (runtime/look_ahead.h).
 #pragma once
 
 #include <cstddef>

@@ -22,7 +22,7 @@
 // waiting for an answer from its own server cannot be killed once the request has been read
 // (the kernel then waits, uninterruptibly, for the answer), and it keeps the process's
 // /dev/fuse descriptor, so the connection would never end. What must be looked up ahead is
-// looked up by the supervisor instead (warm_up/look_ahead.h).
+// looked up by the supervisor instead (runtime/look_ahead.h).
 #pragma once
 
 #include <sys/types.h>
