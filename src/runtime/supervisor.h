@@ -63,7 +63,11 @@ struct SupervisorContext {
     // A learning run: the memory file the image server appends its records to.
     UniqueFd learn_records;
     UnpackedFilesHandle unpacked_files;  // the image's unpacked files, bound above it
-    // Instead of a server of its own: the shared image server's (runtime/shared_image.h).
+    // Where the launcher hands over the shared image server's mount (runtime/image_access.h), if
+    // the image may be shared.
+    UniqueFd image_handoff;
+    // Instead of a server of its own: the shared image server's (runtime/shared_image.h), once
+    // received on image_handoff.
     SharedImage shared_image;
 };
 
