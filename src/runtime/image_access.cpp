@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "util/errors.h"
+#include "util/fd_passing.h"
 #include "util/process.h"
 #include "util/user_directories.h"
 
@@ -47,11 +48,36 @@ ImageAccess choose_image_access(ImageSource& image, const SandboxConfig& config)
     return access;
 }
 
-void use_shared_image_server(ImageAccess& access, const ImageSource& image,
-                             const SandboxConfig& config) {
-    if (access.mode != "fuse") return;
-    access.shared = share_image(image, config);
-    if (access.shared) access.mode = "shared";
+bool may_share_image(const ImageAccess& access, const SandboxConfig& config) {
+    return access.mode == "fuse" && config.image_server_idle_seconds != 0;
+}
+
+void share_image_with_supervisor(ImageAccess& access, const ImageSource& image,
+                                 const SandboxConfig& config, int handoff) {
+    std::optional<SharedImage> shared = share_image(image, config);
+    if (shared) access.mode = "shared";
+    try {
+        if (shared) {
+            send_fd_message(handoff, MessageTag::kImageMount, {},
+                            {shared->mount.get(), shared->connection.get()},
+                            "cannot hand the shared image mount to the sandbox");
+        } else {
+            send_fd_message(handoff, MessageTag::kFailed, {}, {},
+                            "cannot tell the sandbox to serve its image");
+        }
+    } catch (const Error&) {
+        // The sandbox is already gone; its report says why.
+    }
+}
+
+SharedImage receive_shared_image(int handoff) {
+    std::optional<FdMessage> message = receive_fd_message(handoff);
+    if (!message) throw Error("the launcher ended before handing over the image");
+    if (message->tag == MessageTag::kFailed) return {};
+    if (message->tag != MessageTag::kImageMount || message->fds.size() != 2) {
+        throw Error("unexpected message from the launcher about the image");
+    }
+    return {std::move(message->fds[1]), std::move(message->fds[0])};
 }
 
 }  // namespace sqbox

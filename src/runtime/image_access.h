@@ -21,13 +21,21 @@ struct ImageAccess {
     // "fuse", "shared", "unpacked" or "directory" (RunResult::image_access)
     std::string mode;
     std::optional<UnpackedImage> unpacked;
-    std::optional<SharedImage> shared;  // "shared": the shared image server's mount
 };
 ImageAccess choose_image_access(ImageSource& image, const SandboxConfig& config);
 
-// sqbox run: an image served over FUSE is served by the caller's shared image server
-// (runtime/shared_image.h) where one can be had.
-void use_shared_image_server(ImageAccess& access, const ImageSource& image,
-                             const SandboxConfig& config);
+// sqbox run: whether an image served over FUSE may be served by the caller's shared image server
+// (runtime/shared_image.h): not with --image-server-idle 0.
+bool may_share_image(const ImageAccess& access, const SandboxConfig& config);
+
+// The launcher, once the supervisor runs (the round trip to the server overlaps with its set-up):
+// the shared server's mount and connection, or word that there are none (the supervisor then
+// serves the image itself), to the supervisor on `handoff`.
+void share_image_with_supervisor(ImageAccess& access, const ImageSource& image,
+                                 const SandboxConfig& config, int handoff);
+
+// The supervisor: what the launcher handed over on `handoff`; an empty SharedImage when it serves
+// the image itself.
+SharedImage receive_shared_image(int handoff);
 
 }  // namespace sqbox

@@ -16,6 +16,7 @@
 #include "runtime/enroot_entrypoint.h"
 #include "runtime/limits.h"
 #include "runtime/sandbox_user.h"
+#include "runtime/signals.h"
 #include "runtime/stage_report.h"
 #include "runtime/terminal.h"
 #include "security/capabilities.h"
@@ -42,19 +43,6 @@ void set_entry(EnvironmentEntries& env, const std::string& key, const std::strin
     env.emplace_back(key, value);
 }
 
-void reset_signals() {
-    struct sigaction action {};
-    action.sa_handler = SIG_DFL;
-    sigemptyset(&action.sa_mask);
-    for (int sig = 1; sig < NSIG; ++sig) {
-        if (sig == SIGKILL || sig == SIGSTOP) continue;
-        (void)::sigaction(sig, &action, nullptr);  // EINVAL for the few unsettable ones
-    }
-    sigset_t none;
-    sigemptyset(&none);
-    if (::sigprocmask(SIG_SETMASK, &none, nullptr) != 0) throw system_error("sigprocmask");
-}
-
 // The image is not trusted: its /etc/environment may be a FIFO (open would block), a device, or
 // a tiny compressed file that expands to gigabytes. Read only a bounded regular file.
 std::string read_image_environment() {
@@ -70,7 +58,7 @@ std::string read_image_environment() {
 }  // namespace
 
 void leave_callers_session(int terminal_fd) {
-    reset_signals();
+    reset_signal_handling();
     if (::setsid() < 0) throw system_error("setsid");
     if (terminal_fd >= 0) adopt_terminal(terminal_fd);  // its fd itself closes at exec
 }

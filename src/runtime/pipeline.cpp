@@ -52,17 +52,19 @@ namespace sqbox {
 
 RunResult run_sandbox(const SandboxConfig& config) {
     try {
-        // 1. What needs the caller's view of the host, checked before any namespace exists, and
-        //    the image's shared server (started if none runs yet).
+        // 1. What needs the caller's view of the host, checked before any namespace exists.
         ImageSource image = open_image(config.image);
         ImageAccess access = choose_image_access(image, config);
-        use_shared_image_server(access, image, config);
         // 2. The policy: the seccomp filter, Landlock, limits and where each is enforced.
         std::optional<SandboxCgroup> cgroup = plan_cgroup_before_start(config);
         SandboxPlan plan = plan_run(config, cgroup ? &*cgroup : nullptr);
-        // 3. The channels: the supervisor's report, and init's channel (cgroup, terminal).
+        // 3. The channels: the supervisor's report, init's channel (cgroup, terminal), and the
+        //    supervisor's for the shared image server's mount.
         Pipe report = make_pipe("supervisor report");
         auto [channel, init_channel] = make_message_channel("the sandbox's channel");
+        auto [image_handoff, supervisor_image_handoff] =
+            may_share_image(access, config) ? make_message_channel("the image's channel")
+                                            : std::pair<UniqueFd, UniqueFd>{};
         // 4. The payload's stdio: relayed where the caller's cannot be handed over as it is.
         StdioRelay relay(config.output_limit_bytes, config.tty, channel.get());
         std::optional<ScopedIgnoreSigpipe> ignore_sigpipe;
@@ -77,16 +79,21 @@ RunResult run_sandbox(const SandboxConfig& config) {
             channel.reset();
             if (relay.active()) adopt_diagnostics_fd(relay.install_in_child());
             run_supervisor({&plan, &image, launcher, std::move(report.write_end),
-                            std::move(init_channel),
-                            std::move(access.shared).value_or(SharedImage{})});
+                            std::move(init_channel), std::move(supervisor_image_handoff),
+                            SharedImage{}});
         }
         ChildProcess supervisor(pid);
-        access.shared.reset();  // the supervisor's: it holds the server for the sandbox's life
         report.write_end.reset();
         relay.close_child_ends();
         init_channel.reset();
+        supervisor_image_handoff.reset();
 
-        // 6. The cgroup, created while the sandbox is being set up; init joins it.
+        // 6. While the sandbox is being set up: the image's shared server (started if none runs
+        //    yet), whose mount the supervisor waits for; then the cgroup, which init joins.
+        if (image_handoff) {
+            share_image_with_supervisor(access, image, config, image_handoff.get());
+            image_handoff.reset();
+        }
         hand_over_cgroup(config, cgroup, channel.get());
         // 7. Signals forwarded and stdio relayed until the sandbox is gone; then the cgroup goes
         //    while the supervisor tears its mounts down.
@@ -140,7 +147,11 @@ void run_supervisor(SupervisorContext context) {
         context.init_channel.reset();  // init's now
 
         // 4. The image at /image in a private scratch root: a copy of the shared image server's
-        //    mount, or a mount of its own and its FUSE server.
+        //    mount, once the launcher has it, or a mount of its own and its FUSE server.
+        if (context.image_handoff) {
+            context.shared_image = receive_shared_image(context.image_handoff.get());
+            context.image_handoff.reset();
+        }
         ChildProcess server;
         if (context.shared_image.mount) {
             attach_shared_image(std::move(context.shared_image.mount));

@@ -32,6 +32,7 @@
 #include "runtime/host_probes.h"
 #include "runtime/mounts.h"
 #include "runtime/rootfs.h"
+#include "runtime/signals.h"
 #include "runtime/stage_report.h"
 #include "runtime/supervisor.h"
 #include "runtime/user_namespace.h"
@@ -457,6 +458,8 @@ constexpr int kDirectoryFd = 6;
                                      unsigned idle_seconds) {
     try {
         (void)::setsid();
+        // The launcher's blocked and ignored signals are not the server's: it outlives the run.
+        reset_signal_handling();
         redirect_stdio_to_null();
         std::vector<UniqueFd> high;  // first out of the way of the numbers they go to
         for (int fd : fds) {

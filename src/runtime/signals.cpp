@@ -46,4 +46,17 @@ std::optional<siginfo_t> wait_for_signal(std::optional<long> timeout_ms, int als
     }
 }
 
+void reset_signal_handling() {
+    struct sigaction action {};
+    action.sa_handler = SIG_DFL;
+    sigemptyset(&action.sa_mask);
+    for (int sig = 1; sig < NSIG; ++sig) {
+        if (sig == SIGKILL || sig == SIGSTOP) continue;
+        (void)::sigaction(sig, &action, nullptr);  // EINVAL for the few unsettable ones
+    }
+    sigset_t none;
+    sigemptyset(&none);
+    if (::sigprocmask(SIG_SETMASK, &none, nullptr) != 0) throw system_error("sigprocmask");
+}
+
 }  // namespace sqbox

@@ -31,4 +31,8 @@ class ScopedSignalBlock {
 // timeout in milliseconds, returns nullopt when it expires. EINTR is retried.
 std::optional<siginfo_t> wait_for_signal(std::optional<long> timeout_ms, int also = 0);
 
+// Every handler back to the default and nothing blocked: for a process that leaves the pipeline
+// (the payload, the shared image server), whose signals are its own. Throws Error.
+void reset_signal_handling();
+
 }  // namespace sqbox

@@ -135,12 +135,8 @@ void leave_process_group() {
 }
 
 std::vector<int> descriptors_of(const SupervisorContext& context) {
-    return {context.image->file.get(),
-            context.report.get(),
-            context.init_channel.get(),
-            context.shared_image.mount.get(),
-            context.shared_image.connection.get(),
-            diagnostics_fd()};
+    return {context.image->file.get(), context.report.get(), context.init_channel.get(),
+            context.image_handoff.get(), diagnostics_fd()};
 }
 
 InitChannels make_init_channels() {
@@ -234,7 +230,12 @@ StageReport final_report(int init_report_fd, const SandboxEnd& end, Clock::time_
     std::optional<int> server_status;
     if (end.server_died) server_status = end.server_wait_status;
     if (!server_status && end.shared_server >= 0) {
-        server_status = shared_server_death_at_end(end.shared_server);
+        // A payload that exited 0 came through whatever the server did: only a word already sent
+        // counts then, and the mount is not asked (a round trip to the server on every run).
+        const bool clean_exit = reported && report.payload_finished != 0 &&
+                                report.exit_status == 0 && report.image_server_lost == 0;
+        server_status = clean_exit ? shared_server_death(end.shared_server, 0)
+                                   : shared_server_death_at_end(end.shared_server);
     }
     if (!server_status && reported && report.image_server_lost != 0 && end.server != nullptr) {
         // Init found the image's connection gone: the server has died or is dying.

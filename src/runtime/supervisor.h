@@ -55,7 +55,11 @@ struct SupervisorContext {
     UniqueFd report;  // StageReport to the launcher
     // Init's end of a SOCK_SEQPACKET channel to the launcher (InitContext::channel).
     UniqueFd init_channel;
-    // Instead of a server of its own: the shared image server's (runtime/shared_image.h).
+    // Where the launcher hands over the shared image server's mount (runtime/image_access.h), if
+    // the image may be shared.
+    UniqueFd image_handoff;
+    // Instead of a server of its own: the shared image server's (runtime/shared_image.h), once
+    // received on image_handoff.
     SharedImage shared_image;
 };
 

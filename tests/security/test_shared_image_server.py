@@ -146,6 +146,9 @@ def test_the_shared_servers_parser_is_confined_like_a_sandboxs_own(box, cache, t
         # look into it unless root), stdio on /dev/null, a session of its own, no environment.
         status = status_fields(server)
         assert status["NoNewPrivs"] == "1", status
+        # Signals of its own: none of the launcher's blocked or ignored ones (it outlives the run
+        # and must still end on SIGTERM).
+        assert int(status["SigBlk"], 16) == 0 and int(status["SigIgn"], 16) == 0, status
         assert os.getsid(server) != os.getsid(0)
         if os.geteuid() == 0:
             assert Path(f"/proc/{server}/environ").read_bytes() == b""
