@@ -162,10 +162,12 @@ def find_enroot(requested):
     return None, None
 
 
-def enroot_container(enroot, image, workdir, user):
+def enroot_container(enroot, image, workdir, user, front_end=None):
     """`enroot create` of IMAGE (as USER with --as-user) in a private set of enroot
-    directories; returns (name, environment for `enroot start`)."""
-    base = os.path.join(workdir, "enroot")
+    directories; returns (name, environment for `enroot start`). FRONT_END: the argv that is
+    `enroot` (sqbox's front end: [sqbox, "enroot"]), else ENROOT itself."""
+    front_end = front_end or [enroot]
+    base = os.path.join(workdir, "enroot" if front_end == [enroot] else "sqbox-enroot")
     env = {"PATH": f"{os.path.dirname(enroot)}:/usr/sbin:/usr/bin:/sbin:/bin"}
     for var, sub in (("ENROOT_DATA_PATH", "data"), ("ENROOT_RUNTIME_PATH", "runtime"),
                      ("ENROOT_CACHE_PATH", "cache"), ("ENROOT_CONFIG_PATH", "config"),
@@ -178,7 +180,7 @@ def enroot_container(enroot, image, workdir, user):
             for d in [root] + [os.path.join(root, d) for d in dirs]:
                 os.chown(d, pw.pw_uid, pw.pw_gid)
     name = "bench"
-    res = subprocess.run(as_user(user, [enroot, "create", "--name", name, image]),
+    res = subprocess.run(as_user(user, front_end + ["create", "--name", name, image]),
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                          env=dict(os.environ, **env))
     if res.returncode != 0:
@@ -187,7 +189,7 @@ def enroot_container(enroot, image, workdir, user):
 
 
 def commands(sqbox, image, rootfs, user, caches, compare=None, switch=None,
-             made=None, enroot=None):
+             made=None, enroot=None, sqbox_enroot=None):
     """(name, argv, environment) for each row; every row goes through runuser when --as-user.
 
     Each sqbox row has its own SQBOX_CACHE_DIR, empty when measuring starts, where the .sqsh
@@ -223,6 +225,12 @@ def commands(sqbox, image, rootfs, user, caches, compare=None, switch=None,
         rows.append((f"{OWN_SERVER_ROW_PREFIX}{description}",
                      [sqbox, "run", "--image-server-idle", "0", warm, "--"] + PAYLOAD,
                      {"SQBOX_CACHE_DIR": caches[f"later-{kind}"]}))
+    if sqbox_enroot:
+        # A harness that calls `enroot start` gets sqbox's front end (docs/enroot.md): the same
+        # launcher as `sqbox run`, so later runs share the container image's server too.
+        name, env = sqbox_enroot
+        rows.append((SQBOX_ENROOT_ROW, [sqbox, "enroot", "start", name] + PAYLOAD,
+                     dict(env, SQBOX_CACHE_DIR=caches["enroot"])))
     if enroot:
         path, name, env = enroot
         rows.append((ENROOT_ROW, [path, "start", name] + PAYLOAD, env))
@@ -245,6 +253,7 @@ FIRST_ROW_PREFIX = "first run: sqbox run "
 LATER_ROW_PREFIX = "later runs: sqbox run "
 OWN_SERVER_ROW_PREFIX = "later runs, own server: sqbox run "
 ENROOT_ROW = "enroot start (created container)"
+SQBOX_ENROOT_ROW = "later runs: sqbox enroot start (created container, lzo -noD)"
 UNHARDENED_ROW = "switch build, without hardening"
 
 
@@ -474,7 +483,7 @@ def main():
         compare = os.path.abspath(args.compare) if args.compare else None
         switch = os.path.abspath(args.hardening_switch) if args.hardening_switch else None
         caches = {kind: os.path.join(workdir, f"cache-{kind}")
-                  for kind in ["sqsh", "dir", "compare", "switch", "rss"]
+                  for kind in ["sqsh", "dir", "compare", "switch", "rss", "enroot"]
                   + [f"{when}-{kind}" for when in ("first", "later")
                      for kind, _, _ in USER_IMAGE_KINDS]}
         enroot_row = None
@@ -482,8 +491,13 @@ def main():
             # enroot's own kind of image, unpacked by its create as its users do.
             source = made["lzo-noD"][0] if made else image
             enroot_row = (enroot,) + enroot_container(enroot, source, workdir, args.as_user)
+        sqbox_enroot = None
+        if made:
+            # The image enroot users have, created as a container by sqbox's front end.
+            sqbox_enroot = enroot_container(sqbox, made["lzo-noD"][0], workdir, args.as_user,
+                                            front_end=[sqbox, "enroot"])
         rows = commands(sqbox, image, rootfs, args.as_user, caches, compare, switch,
-                        made, enroot_row)
+                        made, enroot_row, sqbox_enroot)
         preparations = {}
         for kind, _, description in USER_IMAGE_KINDS if made else []:
             preparations[f"{FIRST_ROW_PREFIX}{description}"] = \
