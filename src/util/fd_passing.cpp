@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 
 #include <cstring>
+#include <memory>
 
 #include "util/errors.h"
 
@@ -48,8 +49,9 @@ void send_fd_message(int socket_fd, MessageTag tag, std::string_view text, const
 }
 
 std::optional<FdMessage> receive_fd_message(int socket_fd) {
-    std::vector<char> data(1 + kMaxText);
-    iovec vector{data.data(), data.size()};
+    // Not zeroed: only what recvmsg fills is read (a sandbox's start receives several messages).
+    const auto data = std::make_unique_for_overwrite<char[]>(1 + kMaxText);
+    iovec vector{data.get(), 1 + kMaxText};
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxPassedFds)] = {};
     msghdr message{};
     message.msg_iov = &vector;
@@ -63,7 +65,7 @@ std::optional<FdMessage> receive_fd_message(int socket_fd) {
     if (n <= 0) return std::nullopt;
     FdMessage received;
     received.tag = static_cast<MessageTag>(data[0]);
-    received.text.assign(data.data() + 1, static_cast<size_t>(n) - 1);
+    received.text.assign(data.get() + 1, static_cast<size_t>(n) - 1);
     for (cmsghdr* header = CMSG_FIRSTHDR(&message); header != nullptr;
          header = CMSG_NXTHDR(&message, header)) {
         if (header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_RIGHTS) continue;
