@@ -23,8 +23,8 @@ std::pair<UniqueFd, UniqueFd> make_message_channel(const std::string& purpose) {
     return {UniqueFd(pair[0]), UniqueFd(pair[1])};
 }
 
-void send_fd_message(int socket_fd, MessageTag tag, std::string_view text, const std::vector<int>& fds,
-                     const std::string& what) {
+void send_fd_message(int socket_fd, MessageTag tag, std::string_view text,
+                     const std::vector<int>& fds, const std::string& what) {
     if (fds.size() > kMaxPassedFds) throw Error(what + ": too many descriptors");
     if (text.size() > kMaxText) throw Error(what + ": message too long");
     std::string data(1, static_cast<char>(tag));
