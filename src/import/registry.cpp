@@ -361,8 +361,8 @@ void download_missing(RegistrySession& session, const BlobCache& cache,
                         std::to_string(descriptor.size) + " bytes received");
         }
         if (response.body_digest != descriptor.digest) {
-            throw Error(what +
-                        " does not match its digest (received " + response.body_digest + ")");
+            throw Error(what + " does not match its digest (received " + response.body_digest +
+                        ")");
         }
     }
     for (auto& blob : pending) blob.commit();
