@@ -136,7 +136,7 @@ void run_supervisor(SupervisorContext context) {
         // 3. Init, before the image is mounted: the network namespace it makes first is built
         //    while the image is being mounted here.
         InitChannels init_channels = make_init_channels();
-        const auto started = std::chrono::steady_clock::now();
+        auto started = std::chrono::steady_clock::now();
         const pid_t init_pid =
             clone_process(kSandboxNamespaces & ~CLONE_NEWNS, "sandbox namespaces");
         if (init_pid == 0) {
@@ -149,8 +149,12 @@ void run_supervisor(SupervisorContext context) {
         // 4. The image at /image in a private scratch root: a copy of the shared image server's
         //    mount, once the launcher has it, or a mount of its own and its FUSE server.
         if (context.image_handoff) {
+            // The launcher's wait for the server (bounded by the server's time limits) is not the
+            // sandbox's: its --timeout counts without it, as when the launcher asked first.
+            const auto asked = std::chrono::steady_clock::now();
             context.shared_image = receive_shared_image(context.image_handoff.get());
             context.image_handoff.reset();
+            started += std::chrono::steady_clock::now() - asked;
         }
         ChildProcess server;
         if (context.shared_image.mount) {
