@@ -118,7 +118,7 @@ double timeout_seconds(const std::string& text, const std::string& option) {
 }
 
 unsigned image_server_idle_seconds(const std::string& text, const std::string& option) {
-    constexpr uint64_t kDay = 24 * 60 * 60;
+    constexpr uint64_t kDay = uint64_t{24} * 60 * 60;
     // 0 is allowed (the sandbox serves its image itself), so not parse_count's "positive".
     const bool digits_only = !text.empty() && text.size() <= 5 &&
                              text.find_first_not_of("0123456789") == std::string::npos;
