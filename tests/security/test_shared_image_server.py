@@ -304,14 +304,15 @@ while True:
 
 def test_a_payload_finds_no_way_to_the_server_and_cannot_take_its_name(box, cache, tmp_path):
     """Every sandbox has a network namespace of its own: the server's abstract name is not in
-    it, nothing there answers to it, and a payload that binds it there (and answers with a
-    forged mount) is met by nobody: the next sandbox still gets the server's mount."""
+    it, nothing there answers to it, no socket file leads to it (the caller's cache mounted in
+    holds none), and a payload that binds it there (and answers with a forged mount) is met by
+    nobody: the next sandbox still gets the server's mount."""
     name = server_name(box.python_image, box.binary)
     first, record = run_json(box, cache, box.python_image, ["true"], tmp_path, idle=30)
     assert first.returncode == 0 and record["image_access"] == "shared", first.stderr
     prober = subprocess.Popen(
         box.argv(box.python_image, ["python3", "-c", PAYLOAD_PROBE, name, box.marker],
-                 options=["--timeout", "60"]),
+                 options=["--timeout", "60", "--mount", f"{cache}:/cache"]),
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=environment(cache, idle=30))
     try:
