@@ -74,10 +74,12 @@ std::string identity_file(const std::string& path) {
 }
 
 // What a server serves: the image file as it is now, read by this sqbox binary, to callers in
-// the cgroups it runs in. A different file, a changed one (mtime, ctime), another build or another
-// cgroup gets a server of its own; another machine or network namespace never meets it (its name
-// is an abstract socket name of the caller's network namespace).
-std::string image_identity(const ImageSource& image) {
+// the cgroups it runs in who asked for its idle time. A different file, a changed one (mtime,
+// ctime), another build, another cgroup or another idle time gets a server of its own (a run's
+// --image-server-idle holds exactly: a job that asks for 3 s never keeps a server another run
+// started for 60); another machine or network namespace never meets it (its name is an abstract
+// socket name of the caller's network namespace).
+std::string image_identity(const ImageSource& image, unsigned idle_seconds) {
     struct stat file {};
     struct stat binary {};
     if (::fstat(image.file.get(), &file) != 0) throw system_error("cannot stat " + image.path);
@@ -94,7 +96,8 @@ std::string image_identity(const ImageSource& image) {
     // The cgroups: the server runs in the caller's, and whoever ends them ends it (a batch system
     // kills a job's at its end); callers in other cgroups (another job's) get servers nothing of
     // that takes away.
-    return text + std::string(" cgroups ") + identity_file("/proc/self/cgroup");
+    return text + std::string(" idle ") + std::to_string(idle_seconds) + " cgroups " +
+           identity_file("/proc/self/cgroup");
 }
 
 // The abstract socket name (in the caller's network namespace) of the caller's server for
@@ -521,7 +524,7 @@ bool start_shared_server(const ImageSource& image, const SandboxConfig& config,
 // The mount from the server of the image, starting it if no other launcher is doing so: the
 // launcher whose bind of the name succeeds starts it; the others connect once it listens.
 SharedImage share_from(const ImageSource& image, const SandboxConfig& config) {
-    const std::string identity = image_identity(image);
+    const std::string identity = image_identity(image, config.image_server_idle_seconds);
     const std::string name = server_name(identity);
     const auto started = Clock::now();
     const auto deadline = started + std::chrono::milliseconds(kAnswerWaitMs);
@@ -558,7 +561,7 @@ int serve_shared_image(const std::string& socket_name, unsigned idle_seconds) {
     const UniqueFd listener(kListenerFd);
     const UniqueFd image_fd(kImageFd);
     const ImageSource image = open_image("/proc/self/fd/" + std::to_string(kImageFd));
-    const std::string identity = image_identity(image);
+    const std::string identity = image_identity(image, idle_seconds);
     // The name its command line shows is the one it serves: ps and the tests find it by that.
     if (socket_name != "@" + server_name(identity)) {
         throw Error("the image server's name " + socket_name + " is not its image's");

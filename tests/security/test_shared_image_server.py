@@ -42,7 +42,7 @@ def stable_hash(data):
     return value
 
 
-def image_identity(image, binary, cgroups=None):
+def image_identity(image, binary, idle, cgroups=None):
     """The identity a launcher sends (runtime/shared_image.cpp, image_identity): anyone who can
     stat the image and the binary and read the caller's cgroups can make it."""
     f, b = os.stat(image), os.stat(os.path.realpath(binary))
@@ -53,14 +53,14 @@ def image_identity(image, binary, cgroups=None):
         cgroups = Path("/proc/self/cgroup").read_text()
     return (f"image {f.st_dev:x}:{f.st_ino:x} {f.st_size} {time_of(f.st_mtime_ns)} "
             f"{time_of(f.st_ctime_ns)} sqbox {b.st_dev:x}:{b.st_ino:x} {time_of(b.st_mtime_ns)}"
-            f" cgroups {cgroups}")
+            f" idle {idle} cgroups {cgroups}")
 
 
-def server_name(image, binary, uid=None, cgroups=None):
-    """The abstract socket name of `uid`'s server of `image` run by `binary` (server_name in
-    runtime/shared_image.cpp), without the leading NUL."""
+def server_name(image, binary, idle, uid=None, cgroups=None):
+    """The abstract socket name of `uid`'s server of `image` run by `binary` with an idle time
+    of `idle` seconds (server_name in runtime/shared_image.cpp), without the leading NUL."""
     uid = os.geteuid() if uid is None else uid
-    owned = f"uid {uid} {image_identity(image, binary, cgroups)}"
+    owned = f"uid {uid} {image_identity(image, binary, idle, cgroups)}"
     return f"sqbox-image-{stable_hash(owned.encode()):016x}"
 
 
@@ -102,8 +102,13 @@ def _command_line(pid):
         return []
 
 
+# The idle times the tests ask for, and the default.
+IDLE_TIMES = (1, 2, 30, 60)
+
+
 def box_server_names(box):
-    return {server_name(image, box.binary) for image in (box.busybox_image, box.python_image)}
+    return {server_name(image, box.binary, idle) for image in (box.busybox_image, box.python_image)
+            for idle in IDLE_TIMES}
 
 
 def shared_servers(box):
@@ -165,7 +170,7 @@ def test_sandboxes_of_an_image_share_one_server_which_leaves_nothing_after_its_i
     assert first_record["image_access"] == "shared"
     servers = shared_servers(box)
     assert len(servers) == 1 and len(servers[0][1]) == 1, servers
-    name = server_name(box.busybox_image, box.binary)
+    name = server_name(box.busybox_image, box.binary, 2)
     assert name in names_in_namespace()
     if os.geteuid() == 0:
         # It holds no file of anyone's: its rendezvous is the abstract name, nothing on disk.
@@ -307,7 +312,7 @@ def test_a_payload_finds_no_way_to_the_server_and_cannot_take_its_name(box, cach
     it, nothing there answers to it, no socket file leads to it (the caller's cache mounted in
     holds none), and a payload that binds it there (and answers with a forged mount) is met by
     nobody: the next sandbox still gets the server's mount."""
-    name = server_name(box.python_image, box.binary)
+    name = server_name(box.python_image, box.binary, 30)
     first, record = run_json(box, cache, box.python_image, ["true"], tmp_path, idle=30)
     assert first.returncode == 0 and record["image_access"] == "shared", first.stderr
     prober = subprocess.Popen(
@@ -365,8 +370,8 @@ def test_another_user_gets_nothing_from_the_server(box, cache, tmp_path):
     pwd.getpwnam(UNPRIVILEGED_USER)
     result, record = run_json(box, cache, box.busybox_image, ["true"], tmp_path, idle=30)
     assert record["image_access"] == "shared", result.stderr
-    name = server_name(box.busybox_image, box.binary)
-    identity = image_identity(box.busybox_image, box.binary)
+    name = server_name(box.busybox_image, box.binary, 30)
+    identity = image_identity(box.busybox_image, box.binary, 30)
     assert peer_request(name, "root", identity) == "descriptors: 1"  # the request is right
     assert peer_request(name, UNPRIVILEGED_USER, identity) == "descriptors: 0"
     assert peer_request(name, UNPRIVILEGED_USER, identity, in_user_namespace=True) == \
@@ -447,7 +452,7 @@ def test_another_users_socket_on_the_name_costs_the_sharing_only(box, cache, sha
     cgroups = subprocess.run(_as_user(victim, ["cat", "/proc/self/cgroup"]), capture_output=True,
                              text=True, check=True).stdout
     victim_uid = pwd.getpwnam(victim).pw_uid
-    name = server_name(box.busybox_image, binary, uid=victim_uid, cgroups=cgroups)
+    name = server_name(box.busybox_image, binary, 30, uid=victim_uid, cgroups=cgroups)
     victim_cache = _user_directory(shared_tmp, victim, "victim-cache")
     records = _user_directory(shared_tmp, victim, "records")
     squatter_argv = [sys.executable, "-c", SQUATTER, name, how]
@@ -654,7 +659,7 @@ def test_the_end_of_one_job_ends_no_sandbox_of_another(box, cache, tmp_path):
 def test_a_killed_server_leaves_nothing_and_the_next_run_starts_another(box, cache, tmp_path):
     """A server killed before its idle time is up (its job's cgroup at the job's end): its name
     goes with its socket, there is nothing of it to clean, and the next run starts a new one."""
-    name = server_name(box.busybox_image, box.binary)
+    name = server_name(box.busybox_image, box.binary, 30)
     result, record = run_json(box, cache, box.busybox_image, ["true"], tmp_path, idle=30)
     assert result.returncode == 0 and record["image_access"] == "shared", result.stderr
     [(killed, kids)] = shared_servers(box)
