@@ -352,12 +352,10 @@ def descendants(pid):
     return out
 
 
-def shared_server_processes(cache, user):
-    """(server, its FUSE server) of the shared image server that the RSS run (as USER) started
-    for CACHE: the newest of USER's with a socket of that name (other caches, e.g. another row's
-    or user's, may hold a server under the same name)."""
-    sockets = {name for name in os.listdir(os.path.join(cache, "image-servers"))
-               if name.endswith(".socket")}
+def shared_server_processes(user):
+    """(server, its FUSE server) of the shared image server that the RSS run (as USER) used: the
+    newest of USER's (servers meet at abstract socket names, not in a cache directory, so an
+    earlier row's server of another image or binary may be running too)."""
     uid = pwd.getpwnam(user).pw_uid if user else os.geteuid()
     found = []
     for entry in os.listdir("/proc"):
@@ -368,16 +366,18 @@ def shared_server_processes(cache, user):
                 argv = f.read().split(b"\0")
             with open(f"/proc/{entry}/status") as f:  # not /proc/PID's owner: not dumpable
                 owner = next(int(line.split()[1]) for line in f if line.startswith("Uid:"))
+            with open(f"/proc/{entry}/stat") as f:
+                started = int(f.read().rpartition(")")[2].split()[19])
         except OSError:
             continue
-        if argv[1:3] == [b"image-server", b"--socket"] and argv[3].decode() in sockets \
-                and owner == uid:
+        if argv[1:3] == [b"image-server", b"--socket"] and owner == uid:
             kids = read_children(int(entry))
             if kids:  # the server, not its FUSE server (which has none)
-                found.append((int(entry), kids[0]))
+                found.append((started, int(entry), kids[0]))
     if not found:
-        die(f"no shared image server for {cache}")
-    return max(found)
+        die(f"no shared image server of {user or 'this user'}")
+    _, server, parser = max(found)
+    return server, parser
 
 
 def measure_rss(sqbox, image, user, cache):
@@ -421,7 +421,7 @@ def measure_rss(sqbox, image, user, cache):
         if len(fuse) > 1 or "init" not in rss:
             die(f"unexpected process tree below supervisor {supervisor}")
         if not fuse:  # the image's shared server serves it
-            server, parser = shared_server_processes(cache, user)
+            server, parser = shared_server_processes(user)
             rss["shared_server"], pids["shared_server"] = vm_hwm_kb(server), server
             fuse = [parser]
         rss["fuse_server"], pids["fuse_server"] = vm_hwm_kb(fuse[0]), fuse[0]

@@ -118,10 +118,16 @@ double timeout_seconds(const std::string& text, const std::string& option) {
 }
 
 unsigned image_server_idle_seconds(const std::string& text, const std::string& option) {
-    constexpr uint64_t kDay = 24 * 60 * 60;
-    const uint64_t seconds = text == "0" ? 0 : parse_count(text, option);
-    if (seconds > kDay) throw Error(option + ": at most a day (86400 seconds)");
-    return static_cast<unsigned>(seconds);
+    constexpr uint64_t kDay = uint64_t{24} * 60 * 60;
+    // 0 is allowed (the sandbox serves its image itself), so not parse_count's "positive".
+    const bool digits_only = !text.empty() && text.size() <= 5 &&
+                             text.find_first_not_of("0123456789") == std::string::npos;
+    if (!digits_only || std::stoull(text) > kDay) {
+        throw Error("invalid value '" + text + "' for " + option +
+                    ": expected a whole number of seconds from 0 (the sandbox serves its image "
+                    "itself) to 86400 (a day)");
+    }
+    return static_cast<unsigned>(std::stoull(text));
 }
 
 std::string hostname(const std::string& text, const std::string& context) {

@@ -20,6 +20,7 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <deque>
@@ -38,10 +39,8 @@
 #include "runtime/user_namespace.h"
 #include "util/errors.h"
 #include "util/fd_passing.h"
-#include "util/files.h"
 #include "util/process.h"
 #include "util/stable_hash.h"
-#include "util/user_directories.h"
 
 namespace sqbox {
 namespace {
@@ -55,27 +54,18 @@ constexpr int kRequestWaitMs = 1000;
 // How long a supervisor whose mount is lost waits for the server's word on how its image server
 // died.
 constexpr int kLostServerWaitMs = 2000;
-// How long a launcher waits for room in a busy server's backlog.
+// How long a launcher waits for room in a busy server's backlog, and for a name that is taken but
+// refuses connections to be free or listen: a launcher between its bind and its listen, or a
+// server on its way out, take microseconds; a socket that holds the name and never listens (not a
+// server of the caller's) costs a launch this much at most.
 constexpr int kConnectWaitMs = 1000;
+// What an ending server answers the launchers it refuses: they ask again (its successor).
+constexpr const char* kServerEnding = "ending after its idle time";
 // How long the shared mount has to answer a statfs: a mount that has lost its server says so at
 // once, a live server answers as soon as it is free, a stalled one never.
 constexpr int kMountProbeWaitMs = 500;
 // Descriptors the server keeps besides its sandboxes' connections.
 constexpr rlim_t kReservedDescriptors = 16;
-
-// The directory of the caller's shared image servers: created private, and refused unless it is
-// (another user who could write there could answer in the server's place).
-UniqueFd open_servers_directory(const std::string& path) {
-    make_directories(path, 0700);
-    UniqueFd dir(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-    if (!dir) throw system_error("cannot open " + path);
-    struct stat st {};
-    if (::fstat(dir.get(), &st) != 0) throw system_error("cannot stat " + path);
-    if (st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
-        throw Error(path + " is not private to you (owner and mode 0700 expected)");
-    }
-    return dir;
-}
 
 // A small file of /proc that is part of a server's identity; throws Error if it cannot be read.
 std::string identity_file(const std::string& path) {
@@ -85,9 +75,12 @@ std::string identity_file(const std::string& path) {
 }
 
 // What a server serves: the image file as it is now, read by this sqbox binary, to callers in
-// the cgroups it runs in, on this machine. A different file, a changed one (mtime, ctime),
-// another build, another cgroup or another node gets a server of its own.
-std::string image_identity(const ImageSource& image) {
+// the cgroups it runs in who asked for its idle time. A different file, a changed one (mtime,
+// ctime), another build, another cgroup or another idle time gets a server of its own (a run's
+// --image-server-idle holds exactly: a job that asks for 3 s never keeps a server another run
+// started for 60); another machine or network namespace never meets it (its name is an abstract
+// socket name of the caller's network namespace).
+std::string image_identity(const ImageSource& image, unsigned idle_seconds) {
     struct stat file {};
     struct stat binary {};
     if (::fstat(image.file.get(), &file) != 0) throw system_error("cannot stat " + image.path);
@@ -101,34 +94,33 @@ std::string image_identity(const ImageSource& image) {
         static_cast<unsigned long long>(binary.st_dev),
         static_cast<unsigned long long>(binary.st_ino),
         static_cast<long long>(binary.st_mtim.tv_sec), binary.st_mtim.tv_nsec);
-    // The boot: a home directory shared by several nodes (NFS) holds the servers' sockets and
-    // locks of all of them, and one node's server is of no use to another. The cgroups: the
-    // server runs in the caller's, and whoever ends them ends it (a batch system kills a job's at
-    // its end); callers in other cgroups (another job's) get servers nothing of that takes away.
-    return text + std::string(" boot ") + identity_file("/proc/sys/kernel/random/boot_id") +
-           " cgroups " + identity_file("/proc/self/cgroup");
+    // The cgroups: the server runs in the caller's, and whoever ends them ends it (a batch system
+    // kills a job's at its end); callers in other cgroups (another job's) get servers nothing of
+    // that takes away.
+    return text + std::string(" idle ") + std::to_string(idle_seconds) + " cgroups " +
+           identity_file("/proc/self/cgroup");
 }
 
+// The abstract socket name (in the caller's network namespace) of the caller's server for
+// `identity`. Derived, so that the user's launches meet; public (/proc/net/unix lists every
+// abstract name), so nothing rests on it being secret: SECURITY.md, "The shared image server".
+// The uid in it keeps two users of one identity (same image, binary and cgroups) apart.
 std::string server_name(const std::string& identity) {
-    char name[32];
-    (void)std::snprintf(name, sizeof name, "%016llx",
-                        static_cast<unsigned long long>(stable_hash(identity)));
+    const std::string owned = "uid " + std::to_string(::geteuid()) + " " + identity;
+    char name[40];
+    (void)std::snprintf(name, sizeof name, "sqbox-image-%016llx",
+                        static_cast<unsigned long long>(stable_hash(owned)));
     return name;
 }
 
-// `name` in the directory `dir_fd`, as a path through /proc/self/fd: the directory's own path may
-// be longer than a socket address holds, and it is the directory that was checked.
-std::string path_in(int dir_fd, const std::string& name) {
-    return "/proc/self/fd/" + std::to_string(dir_fd) + (name.empty() ? "" : "/" + name);
-}
-
-// A socket address for `name` in the directory `dir_fd`.
-sockaddr_un address_in(int dir_fd, const std::string& name) {
-    const std::string path = path_in(dir_fd, name);
+// The address of the abstract name `name`: a leading NUL, then the name's bytes, its length
+// in `length` (every byte up to it is part of the name).
+sockaddr_un abstract_address(const std::string& name, socklen_t* length) {
     sockaddr_un address{};
     address.sun_family = AF_UNIX;
-    if (path.size() >= sizeof address.sun_path) throw Error("socket path too long: " + path);
-    std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
+    if (name.size() + 1 > sizeof address.sun_path) throw Error("socket name too long: " + name);
+    std::memcpy(address.sun_path + 1, name.data(), name.size());
+    *length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
     return address;
 }
 
@@ -138,8 +130,9 @@ UniqueFd new_socket() {
     return socket;
 }
 
-// A connection to the running server, or an invalid descriptor when none listens.
-UniqueFd connect_to_server(int dir_fd, const std::string& socket_name) {
+// A connection to the server listening on `name`, or an invalid descriptor when nothing listens
+// there (the name is free, or taken by a socket that does not listen).
+UniqueFd connect_to_server(const std::string& name) {
     UniqueFd connection = new_socket();
     // A connect to a full backlog waits for room, forever without a time limit (a socket taken
     // by a process that never accepts).
@@ -147,13 +140,35 @@ UniqueFd connect_to_server(int dir_fd, const std::string& socket_name) {
     if (::setsockopt(connection.get(), SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit) != 0) {
         throw system_error("setsockopt(SO_SNDTIMEO)");
     }
-    const sockaddr_un address = address_in(dir_fd, socket_name);
-    if (::connect(connection.get(), reinterpret_cast<const sockaddr*>(&address), sizeof address) ==
-        0) {
+    socklen_t length = 0;
+    const sockaddr_un address = abstract_address(name, &length);
+    if (::connect(connection.get(), reinterpret_cast<const sockaddr*>(&address), length) == 0) {
         return connection;
     }
-    if (errno == ENOENT || errno == ECONNREFUSED) return {};
-    throw system_error("cannot connect to the shared image server");
+    if (errno == ECONNREFUSED) return {};
+    if (errno == EAGAIN) {
+        throw Error("the backlog of @" + name + " stayed full for " +
+                    std::to_string(kConnectWaitMs) + " ms");
+    }
+    throw system_error("cannot connect to the shared image server @" + name);
+}
+
+// The socket that listens on `name` was made to listen by a process of this user: abstract
+// names have no owner and no permissions, so any user of the network namespace may have bound it
+// first, and nothing such a socket would send is taken. (The kernel records who listened when
+// it did; a process of another user shows as its own uid, or the overflow uid, from any user
+// namespace it may be in.)
+void require_own_server(int connection, const std::string& name) {
+    ucred peer{};
+    socklen_t size = sizeof peer;
+    if (::getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &peer, &size) != 0) {
+        throw system_error("SO_PEERCRED of the shared image server");
+    }
+    if (peer.uid != ::geteuid()) {
+        throw Error("its name @" + name + " is held by a socket of uid " +
+                    std::to_string(peer.uid) + " (pid " + std::to_string(peer.pid) +
+                    "), not a server of yours");
+    }
 }
 
 bool wait_readable(int fd, int timeout_ms) {
@@ -191,8 +206,9 @@ std::optional<MountAnswer> statfs_within(Ask ask) {
     return answer.get();
 }
 
-// Asks the server on `connection` for a copy of its mount; throws Error saying why not.
-SharedImage request_mount(UniqueFd connection, const std::string& identity) {
+// Asks the server on `connection` for a copy of its mount: nullopt if the server is ending (the
+// launcher asks again); throws Error saying why not otherwise.
+std::optional<SharedImage> request_mount(UniqueFd connection, const std::string& identity) {
     send_fd_message(connection.get(), MessageTag::kImageMount, identity, {},
                     "the request to the shared image server");
     if (!wait_readable(connection.get(), kAnswerWaitMs)) {
@@ -200,13 +216,14 @@ SharedImage request_mount(UniqueFd connection, const std::string& identity) {
     }
     std::optional<FdMessage> answer = receive_fd_message(connection.get());
     if (!answer) throw Error("the shared image server hung up");
+    if (answer->tag == MessageTag::kFailed && answer->text == kServerEnding) return std::nullopt;
     if (answer->tag == MessageTag::kFailed) throw Error("the shared image server: " + answer->text);
     if (answer->tag != MessageTag::kImageMount || answer->fds.size() != 1) {
         throw Error("unexpected answer from the shared image server");
     }
-    // Whatever answered (the socket's directory may be mounted in a sandbox, whose payload can
-    // take the socket's name) must have sent a FUSE mount, and that mount's server must answer:
-    // the supervisor would wait on a stalled one before the sandbox's timeout counts.
+    // What the server sent must be a FUSE mount, and that mount's server must answer: the
+    // supervisor would wait on a stalled one (a parser spinning on a hostile image) before the
+    // sandbox's timeout counts.
     UniqueFd mount = std::move(answer->fds[0]);
     UniqueFd probed(::fcntl(mount.get(), F_DUPFD_CLOEXEC, 0));
     if (!probed) throw system_error("dup of the shared image mount");
@@ -216,7 +233,7 @@ SharedImage request_mount(UniqueFd connection, const std::string& identity) {
     if (!probe->answered || probe->fs.f_type != FUSE_SUPER_MAGIC) {
         throw Error("the shared image server's answer is not an image mount");
     }
-    return {std::move(connection), std::move(mount)};
+    return SharedImage{std::move(connection), std::move(mount)};
 }
 
 void redirect_stdio_to_null() {
@@ -227,11 +244,13 @@ void redirect_stdio_to_null() {
     }
 }
 
-// Tells the launchers waiting on `listener` why this server cannot serve them (they serve their
-// images themselves).
+// Refuses new launchers on `listener` (their connects fail while this process holds the name,
+// which goes with it), then tells those already waiting why this server cannot serve them: they
+// ask again if it is ending, else serve their images themselves.
 void refuse_waiting_launchers(int listener, const std::string& why) {
-    // Only those already waiting (the socket's name is gone): an accept that waited for another
-    // would keep this process, and the image's mount, for good.
+    // Only those already waiting: an accept that waited for another would keep this process,
+    // and the image's mount, for good.
+    if (::shutdown(listener, SHUT_RD) != 0) return;  // the launchers get EOF as it exits
     const int flags = ::fcntl(listener, F_GETFL);
     if (flags < 0 || ::fcntl(listener, F_SETFL, flags | O_NONBLOCK) != 0) return;
     for (;;) {
@@ -413,7 +432,6 @@ void stop_flushes(const std::string& image_dir) {
 // The server's process: in a user and mount namespace of its own, it mounts the image, forks the
 // confined image server (as a sandbox's supervisor does), and hands out copies of the mount.
 [[noreturn]] void run_shared_server(const ImageSource& image, const UniqueFd& listener,
-                                    const UniqueFd& dir, const std::string& socket_name,
                                     const std::string& identity, const IdMapping& ids,
                                     std::chrono::seconds idle) {
     std::string why = "did not start";
@@ -435,20 +453,15 @@ void stop_flushes(const std::string& image_dir) {
     } catch (const Error& e) {
         why = e.what();
     }
-    // Unlinked while this process still holds the lock: the next server binds a new socket and
-    // locks a new file (lock_server_name). Either may be gone already: nothing to do then.
-    (void)::unlinkat(dir.get(), socket_name.c_str(), 0);
-    (void)::unlinkat(dir.get(), (server_name(identity) + ".lock").c_str(), 0);
-    if (why.empty()) ::_exit(0);  // the image server dies with this process
-    refuse_waiting_launchers(listener.get(), why);
-    ::_exit(kExitSqboxFailure);
+    // The name goes with this process (its last holder of the listening socket), and the image
+    // server with it.
+    refuse_waiting_launchers(listener.get(), why.empty() ? kServerEnding : why);
+    ::_exit(why.empty() ? 0 : kExitSqboxFailure);
 }
 
 // The descriptors `sqbox image-server` starts with.
 constexpr int kImageFd = 3;
 constexpr int kListenerFd = 4;
-constexpr int kLockFd = 5;
-constexpr int kDirectoryFd = 6;
 
 // In the child that becomes `sqbox image-server`: `fds` at their numbers above, everything else
 // closed, stdio on /dev/null, its own session, no environment. An exec rather than the launcher's
@@ -472,9 +485,10 @@ constexpr int kDirectoryFd = 6;
             }
         }
         high.clear();
-        close_fds_except({kImageFd, kListenerFd, kLockFd, kDirectoryFd});
+        close_fds_except({kImageFd, kListenerFd});
         const std::string idle = std::to_string(idle_seconds);
-        const char* argv[] = {"sqbox",  "image-server", "--socket", socket_name.c_str(),
+        const std::string shown = "@" + socket_name;  // as ss and /proc/net/unix show it
+        const char* argv[] = {"sqbox",  "image-server", "--socket", shown.c_str(),
                               "--idle", idle.c_str(),   nullptr};
         const char* envp[] = {nullptr};
         ::execve("/proc/self/exe", const_cast<char* const*>(argv), const_cast<char* const*>(envp));
@@ -484,89 +498,61 @@ constexpr int kDirectoryFd = 6;
     ::_exit(kExitSqboxFailure);
 }
 
-// Starts the server listening on `socket_name` in `dir_fd`, detached from the caller: it outlives
-// this run. `lock` (held by the server for its life) makes it the only one for the image.
-void start_shared_server(const ImageSource& image, const SandboxConfig& config, int dir_fd,
-                         const std::string& socket_name, const UniqueFd& lock) {
-    if (::unlinkat(dir_fd, socket_name.c_str(), 0) != 0 && errno != ENOENT) {
-        throw system_error("cannot remove the stale socket " + socket_name);
-    }
+// Takes the name `name` and starts the server listening on it, detached from the caller: it
+// outlives this run. The bound name is the lock: no other socket can take it until the server's
+// listening socket is closed (as the server exits, or is killed). false if the name is taken.
+bool start_shared_server(const ImageSource& image, const SandboxConfig& config,
+                         const std::string& name) {
     UniqueFd listener = new_socket();
-    const sockaddr_un address = address_in(dir_fd, socket_name);
-    if (::bind(listener.get(), reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0 ||
-        ::listen(listener.get(), 64) != 0) {
-        throw system_error("cannot listen on " + socket_name);
+    socklen_t length = 0;
+    const sockaddr_un address = abstract_address(name, &length);
+    if (::bind(listener.get(), reinterpret_cast<const sockaddr*>(&address), length) != 0) {
+        if (errno == EADDRINUSE) return false;
+        throw system_error("cannot bind @" + name);
     }
+    // At once: a name bound and not listening is what a squatter's socket looks like.
+    if (::listen(listener.get(), 64) != 0) throw system_error("cannot listen on @" + name);
     const pid_t starter = ::fork();
     if (starter < 0) throw system_error("cannot start the shared image server");
     if (starter == 0) {
-        exec_shared_server({image.file.get(), listener.get(), lock.get(), dir_fd}, socket_name,
+        exec_shared_server({image.file.get(), listener.get()}, name,
                            config.image_server_idle_seconds);
     }
     int status = 0;
     while (::waitpid(starter, &status, 0) < 0 && errno == EINTR) {
     }
+    return true;
 }
 
-// The lock of server `name` in `dir_fd`, unless another process holds it. A lock on a file no
-// longer under the name (removed by remove_ended_servers meanwhile) is none.
-UniqueFd lock_server_name(int dir_fd, const std::string& name) {
-    const std::string lock_name = name + ".lock";
-    UniqueFd lock = lock_file_within(path_in(dir_fd, lock_name), 0);
-    struct stat locked {};
-    struct stat named {};
-    if (!lock || ::fstat(lock.get(), &locked) != 0 ||
-        ::fstatat(dir_fd, lock_name.c_str(), &named, AT_SYMLINK_NOFOLLOW) != 0 ||
-        locked.st_dev != named.st_dev || locked.st_ino != named.st_ino) {
-        return {};
-    }
-    return lock;
-}
-
-// Removes the socket and lock of each server in `dir_fd` that ended without removing them
-// (killed with its batch job's cgroup, say): those whose lock no process holds.
-void remove_ended_servers(int dir_fd) {
-    std::vector<std::string> names;
-    // An unreadable directory leaves the files for a later start to remove.
-    (void)for_each_directory_entry(path_in(dir_fd, ""), [&](int, const std::string& entry) {
-        if (entry.ends_with(".lock")) {
-            names.push_back(entry.substr(0, entry.size() - 5));
-        }
-    });
-    for (const std::string& name : names) {
-        if (const UniqueFd lock = lock_server_name(dir_fd, name)) {
-            (void)::unlinkat(dir_fd, (name + ".socket").c_str(), 0);  // none: nothing to do
-            (void)::unlinkat(dir_fd, (name + ".lock").c_str(), 0);    // held: ours to remove
-        }
-    }
-}
-
-// The mount from the server in `directory`, starting it if no other launcher is doing so. The
-// lock decides which launcher starts it (and stays with the server for its life); the others
-// connect once it listens.
-SharedImage share_from(const ImageSource& image, const SandboxConfig& config,
-                       const std::string& directory) {
-    const UniqueFd dir = open_servers_directory(directory);
-    const std::string identity = image_identity(image);
+// The mount from the server of the image, starting it if no other launcher is doing so: the
+// launcher whose bind of the name succeeds starts it; the others connect once it listens.
+SharedImage share_from(const ImageSource& image, const SandboxConfig& config) {
+    const std::string identity = image_identity(image, config.image_server_idle_seconds);
     const std::string name = server_name(identity);
-    const std::string socket_name = name + ".socket";
-    const auto deadline = Clock::now() + std::chrono::milliseconds(kAnswerWaitMs);
+    const auto started = Clock::now();
+    const auto deadline = started + std::chrono::milliseconds(kAnswerWaitMs);
+    const auto refusals_end = started + std::chrono::milliseconds(kConnectWaitMs);
     for (;;) {
-        if (UniqueFd connection = connect_to_server(dir.get(), socket_name)) {
-            return request_mount(std::move(connection), identity);
-        }
-        if (UniqueFd lock = lock_server_name(dir.get(), name)) {
-            // The previous server may have exited between the connect and the lock.
-            if (UniqueFd connection = connect_to_server(dir.get(), socket_name)) {
-                return request_mount(std::move(connection), identity);
+        if (UniqueFd connection = connect_to_server(name)) {
+            require_own_server(connection.get(), name);
+            if (std::optional<SharedImage> shared =
+                    request_mount(std::move(connection), identity)) {
+                return std::move(*shared);
             }
-            remove_ended_servers(dir.get());
-            start_shared_server(image, config, dir.get(), socket_name, lock);
-            UniqueFd connection = connect_to_server(dir.get(), socket_name);
-            if (!connection) throw Error("the shared image server did not start");
-            return request_mount(std::move(connection), identity);
+            // That server was ending: its name is free again in a moment.
+        } else if (start_shared_server(image, config, name)) {
+            UniqueFd started_server = connect_to_server(name);
+            if (!started_server) throw Error("the shared image server did not start");
+            if (std::optional<SharedImage> shared =
+                    request_mount(std::move(started_server), identity)) {
+                return std::move(*shared);
+            }
+            throw Error("the shared image server it started ended at once");
+        } else if (Clock::now() >= refusals_end) {
+            // Taken, and refusing: not a launcher between bind and listen, nor a server on its
+            // way out, for this long.
+            throw Error("its name @" + name + " is held by a socket that does not listen");
         }
-        // Another launcher is starting the server, or one is on its way out.
         if (Clock::now() >= deadline) throw Error("no shared image server came up in time");
         ::usleep(2000);
     }
@@ -576,16 +562,17 @@ SharedImage share_from(const ImageSource& image, const SandboxConfig& config,
 
 int serve_shared_image(const std::string& socket_name, unsigned idle_seconds) {
     const UniqueFd listener(kListenerFd);
-    const UniqueFd lock(kLockFd);  // held until this process and the server have ended
-    const UniqueFd dir(kDirectoryFd);
     const UniqueFd image_fd(kImageFd);
     const ImageSource image = open_image("/proc/self/fd/" + std::to_string(kImageFd));
-    const std::string identity = image_identity(image);
+    const std::string identity = image_identity(image, idle_seconds);
+    // The name its command line shows is the one it serves: ps and the tests find it by that.
+    if (socket_name != "@" + server_name(identity)) {
+        throw Error("the image server's name " + socket_name + " is not its image's");
+    }
     // The caller's ids as they are: the mount's owner is the caller's uid in every namespace.
     const IdMapping ids{::getuid(), ::getgid(), ::getuid(), ::getgid()};
     if (clone_into_user_namespace(CLONE_NEWNS, "the shared image server") == 0) {
-        run_shared_server(image, listener, dir, socket_name, identity, ids,
-                          std::chrono::seconds(idle_seconds));
+        run_shared_server(image, listener, identity, ids, std::chrono::seconds(idle_seconds));
     }
     return 0;
 }
@@ -594,10 +581,8 @@ std::optional<SharedImage> share_image(const ImageSource& image, const SandboxCo
     if (image.kind != ImageSource::Kind::kSquashfs || config.image_server_idle_seconds == 0) {
         return std::nullopt;
     }
-    const std::string cache = sqbox_cache_directory();
-    if (cache.empty()) return std::nullopt;
     try {
-        return share_from(image, config, cache + "/image-servers");
+        return share_from(image, config);
     } catch (const Error& e) {
         if (config.verbose) print_error(std::string("image: serving it alone: ") + e.what());
         return std::nullopt;

@@ -23,14 +23,14 @@ struct SharedImage {
 };
 
 // The shared mount of `image` (a .sqsh), starting its server first if none runs. nullopt when
-// config.image_server_idle_seconds is 0, or where no shared server can be had (no cache directory,
-// a server that failed to start or to answer): the sandbox then serves the image itself, and
-// config.verbose says why.
+// config.image_server_idle_seconds is 0, or where no shared server can be had (its name held by
+// a socket not of this user's server, a server that failed to start or to answer): the sandbox
+// then serves the image itself, and config.verbose says why.
 std::optional<SharedImage> share_image(const ImageSource& image, const SandboxConfig& config);
 
-// `sqbox image-server --socket NAME --idle SECONDS`, which share_image starts (never a user):
-// with the image on descriptor 3, its listening socket on 4, its lock on 5 and the directory of
-// both on 6, starts the server in a user and mount namespace of its own and returns.
+// `sqbox image-server --socket @NAME --idle SECONDS`, which share_image starts (never a user):
+// with the image on descriptor 3 and its socket, listening on the abstract name NAME, on 4,
+// starts the server in a user and mount namespace of its own and returns.
 int serve_shared_image(const std::string& socket_name, unsigned idle_seconds);
 
 // The supervisor, in its new mount namespace: moves to the scratch root (rootfs.h) and attaches

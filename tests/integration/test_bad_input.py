@@ -98,3 +98,29 @@ def test_no_command(sqbox_bin, busybox_image):
     result = subprocess.run([sqbox_bin, "run", busybox_image], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     assert "no command" in one_line_error(result)
+
+
+IDLE_EXPECTED = ("expected a whole number of seconds from 0 (the sandbox serves its image "
+                 "itself) to 86400 (a day)")
+BAD_IDLE_TIMES = ["-1", "lots", "1.5", "86401", "99999999999999999999"]
+
+
+def test_bad_image_server_idle_times(sqbox, busybox_image, tmp_path):
+    """--image-server-idle and SQBOX_IMAGE_SERVER_IDLE: 0 is valid (the sandbox serves itself),
+    so the message says the range, not "positive"; nothing starts and nothing is written."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    env = dict(os.environ, SQBOX_CACHE_DIR=str(cache))
+    env.pop("SQBOX_IMAGE_SERVER_IDLE", None)
+    for bad in BAD_IDLE_TIMES:
+        err = one_line_error(sqbox.run(busybox_image, "true", env=env,
+                                       options=["--image-server-idle", bad]))
+        assert err == f"sqbox: invalid value '{bad}' for --image-server-idle: {IDLE_EXPECTED}\n"
+        err = one_line_error(sqbox.run(busybox_image, "true",
+                                       env=dict(env, SQBOX_IMAGE_SERVER_IDLE=bad)))
+        assert err == (f"sqbox: invalid value '{bad}' for SQBOX_IMAGE_SERVER_IDLE: "
+                       f"{IDLE_EXPECTED}\n")
+    assert list(cache.iterdir()) == []
+    # (A day is valid too, but would leave a server for a day.)
+    result = sqbox.run(busybox_image, "true", env=env, options=["--image-server-idle", "0"])
+    assert result.returncode == 0, result.stderr

@@ -390,6 +390,22 @@ def test_start_caps_output_and_writes_as_sqbox_run_does(enroot, busybox_image):
                           "such as 4096, 64k, 512M or 1G\n")
 
 
+def test_bad_image_server_idle_times_are_refused_as_enroot_refuses(enroot, busybox_image):
+    """SQBOX_IMAGE_SERVER_IDLE under the enroot front end: enroot's exit status (1) and "[ERROR]"
+    line, the range in the message (0 is valid), and no container, store or cache written."""
+    for bad in ("-1", "lots", "1.5", "86401"):
+        result = enroot("start", busybox_image, "true", env={"SQBOX_IMAGE_SERVER_IDLE": bad})
+        assert result.returncode == 1, result
+        assert result.stderr == (f"[ERROR] invalid value '{bad}' for SQBOX_IMAGE_SERVER_IDLE: "
+                                 "expected a whole number of seconds from 0 (the sandbox serves "
+                                 "its image itself) to 86400 (a day)\n")
+        assert result.stdout == ""
+    assert enroot.store_entries() == []
+    assert not (enroot.data.parent / ".cache").exists()
+    served_alone = enroot("start", busybox_image, "true", env={"SQBOX_IMAGE_SERVER_IDLE": "0"})
+    assert served_alone.returncode == 0, served_alone.stderr
+
+
 def test_root_option_and_env_option(enroot, busybox_image):
     as_root = enroot("start", "--root", busybox_image, "id", "-u")
     assert as_root.stdout == "0\n"

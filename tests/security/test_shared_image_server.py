@@ -1,8 +1,10 @@
 """The shared image server (SECURITY.md, "The shared image server"): one server per user and
-image that outlives a sandbox. Each test gives sqbox a cache directory of its own, so it starts
-the server it looks at, and attacks a promise: sandboxes of an image share one mount and nothing
-one payload does changes what the next sees; its parser is confined as a sandbox's own; only the
-caller reaches it; a crash ends its sandboxes with one line; after the idle time nothing is left.
+image that outlives a sandbox, met at an abstract socket name in the caller's network namespace.
+Each test ends the servers of its binary's images before and after it, so it starts the server it
+looks at, and attacks a promise: sandboxes of an image share one mount and nothing one payload
+does changes what the next sees; its parser is confined as a sandbox's own; no payload reaches
+it; another user can neither get a mount from it nor have a forged one used; a crash ends its
+sandboxes with one line; after the idle time nothing is left, on disk or in the namespace.
 """
 import collections
 import contextlib
@@ -32,18 +34,110 @@ from host_processes import children  # noqa: E402
 UNPRIVILEGED_USER = "sqbox-test"
 
 
+def stable_hash(data):
+    """sqbox's stable_hash (util/stable_hash.h): FNV-1a, 64 bits."""
+    value = 0xcbf29ce484222325
+    for byte in data:
+        value = ((value ^ byte) * 0x100000001b3) % 2**64
+    return value
+
+
+def image_identity(image, binary, idle, cgroups=None):
+    """The identity a launcher sends (runtime/shared_image.cpp, image_identity): anyone who can
+    stat the image and the binary and read the caller's cgroups can make it."""
+    f, b = os.stat(image), os.stat(os.path.realpath(binary))
+    def time_of(ns):
+        return f"{ns // 10**9}.{ns % 10**9}"
+    # The sqbox it starts runs in this process's cgroups, unless told whose.
+    if cgroups is None:
+        cgroups = Path("/proc/self/cgroup").read_text()
+    return (f"image {f.st_dev:x}:{f.st_ino:x} {f.st_size} {time_of(f.st_mtime_ns)} "
+            f"{time_of(f.st_ctime_ns)} sqbox {b.st_dev:x}:{b.st_ino:x} {time_of(b.st_mtime_ns)}"
+            f" idle {idle} cgroups {cgroups}")
+
+
+def server_name(image, binary, idle, uid=None, cgroups=None):
+    """The abstract socket name of `uid`'s server of `image` run by `binary` with an idle time
+    of `idle` seconds (server_name in runtime/shared_image.cpp), without the leading NUL."""
+    uid = os.geteuid() if uid is None else uid
+    owned = f"uid {uid} {image_identity(image, binary, idle, cgroups)}"
+    return f"sqbox-image-{stable_hash(owned.encode()):016x}"
+
+
+def names_in_namespace():
+    """The abstract socket names bound in this network namespace (/proc/net/unix shows them to
+    everyone), without their '@'."""
+    names = set()
+    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        fields = line.split()
+        if len(fields) == 8 and fields[7].startswith("@"):
+            names.add(fields[7][1:])
+    return names
+
+
+def _image_servers(names):
+    """(server, its confined image server) of each running shared server whose name is one of
+    `names`."""
+    found = []
+    shown = {f"@{name}".encode() for name in names}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            ppid = int(status_fields(entry)["PPid"])
+        except (OSError, KeyError):
+            continue
+        if argv[1:3] == [b"image-server", b"--socket"] and argv[3] in shown:
+            # The server and the confined parser it forked carry the same command line.
+            if argv[:4] != _command_line(ppid)[:4]:
+                found.append((int(entry), children(int(entry))))
+    return found
+
+
+def _command_line(pid):
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
+# The idle times the tests ask for, and the default.
+IDLE_TIMES = (1, 2, 30, 60)
+
+
+def box_server_names(box):
+    return {server_name(image, box.binary, idle) for image in (box.busybox_image, box.python_image)
+            for idle in IDLE_TIMES}
+
+
+def shared_servers(box):
+    """(server, its confined image server) of each running shared server of the test's binary
+    and images (the name holds both, and this user's uid and cgroups)."""
+    return _image_servers(box_server_names(box))
+
+
+def end_servers(box):
+    """Ends the test binary's servers (an earlier test's, still in its idle time) and waits until
+    their names are free."""
+    servers = shared_servers(box)
+    for server, _ in servers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server, signal.SIGTERM)
+    names = box_server_names(box)
+    assert wait_for(lambda: not names & names_in_namespace(), 15), names & names_in_namespace()
+
+
 @pytest.fixture
-def cache():
-    """A cache directory of the test's own: its sqbox runs start (and find) their own server.
-    Directly in /tmp, so another user can be shown the way to it."""
+def cache(box):
+    """A cache directory of the test's own (its warm-up files go there, not into the user's), and
+    no server of the test's binary running before or after the test."""
     directory = Path(tempfile.mkdtemp(prefix="sqbox-image-servers-test-", dir="/tmp"))
-    # Servers of earlier tests (other caches) may serve the same image under the same name.
-    _EARLIER[directory] = {pid for pid, _ in _image_servers()}
+    end_servers(box)
     yield directory
+    end_servers(box)
     shutil.rmtree(directory, ignore_errors=True)
 
-
-_EARLIER = {}
 
 def environment(cache, idle=None):
     env = dict(os.environ, SQBOX_CACHE_DIR=str(cache))
@@ -60,39 +154,6 @@ def run_json(box, cache, image, command, tmp_path, idle=None, options=(), timeou
     return result, json.loads(record.read_text())
 
 
-def shared_servers(cache):
-    """(server, its confined image server) of each shared server whose socket is in `cache`:
-    one started since the test began, with a socket of that name there."""
-    sockets = {p.name for p in (cache / "image-servers").glob("*.socket")}
-    return [(pid, kids) for pid, kids in _image_servers(sockets)
-            if pid not in _EARLIER.get(cache, set())]
-
-
-def _image_servers(sockets=None):
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            ppid = int(status_fields(entry)["PPid"])
-        except (OSError, KeyError):
-            continue
-        if argv[1:3] == [b"image-server", b"--socket"] and (
-                sockets is None or argv[3].decode() in sockets):
-            # The server and the confined parser it forked carry the same command line.
-            if argv[:4] != _command_line(ppid)[:4]:
-                found.append((int(entry), children(int(entry))))
-    return found
-
-
-def _command_line(pid):
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return []
-
-
 def wait_for(predicate, seconds):
     deadline = time.monotonic() + seconds
     while not predicate() and time.monotonic() < deadline:
@@ -107,29 +168,45 @@ def test_sandboxes_of_an_image_share_one_server_which_leaves_nothing_after_its_i
                                    tmp_path, idle=2)
     assert first.returncode == 0, first.stderr
     assert first_record["image_access"] == "shared"
-    servers = shared_servers(cache)
+    servers = shared_servers(box)
     assert len(servers) == 1 and len(servers[0][1]) == 1, servers
+    name = server_name(box.busybox_image, box.binary, 2)
+    assert name in names_in_namespace()
+    if os.geteuid() == 0:
+        # It holds no file of anyone's: its rendezvous is the abstract name, nothing on disk.
+        held = [os.readlink(f"/proc/{servers[0][0]}/fd/{fd}")
+                for fd in os.listdir(f"/proc/{servers[0][0]}/fd")]
+        assert [h for h in held if h.startswith("/") and h not in (
+            "/dev/null", os.path.realpath(box.busybox_image))] == [], held
+        own_connection = str(fuse_connection_of(servers[0][1][0]))
+        assert own_connection in (fuse_connections() or [own_connection])
     second, second_record = run_json(box, cache, box.busybox_image, ["md5sum", "/bin/busybox"],
                                      tmp_path, idle=2)
     assert second.returncode == 0 and second_record["image_access"] == "shared"
-    assert shared_servers(cache) == servers  # the same server, not a second one
+    assert shared_servers(box) == servers  # the same server, not a second one
     assert second.stdout == first.stdout
-    # Idle for 2 s: the server, its parser, its socket and its FUSE connection go.
+    # Idle for 2 s: the server, its parser, its name and its FUSE connection go, and nothing
+    # was ever written for it (the cache holds no socket, lock or directory of servers).
     pids = [servers[0][0], *servers[0][1]]
     assert wait_for(lambda: not any(Path(f"/proc/{p}").exists() for p in pids), 15), pids
-    assert list((cache / "image-servers").iterdir()) == []  # neither socket nor lock
-    assert new_fuse_connections(connections_before) == []
+    assert name not in names_in_namespace()
+    assert [p for p in cache.rglob("*") if p.is_socket() or "server" in p.name] == []
+    if os.geteuid() == 0:
+        # Its own connection (other runs on the machine may make and hold connections meanwhile).
+        assert wait_for(lambda: own_connection not in (fuse_connections() or []), 5)
+    else:
+        assert new_fuse_connections(connections_before) == []
     # --image-server-idle 0: a server of the sandbox's own, none left running.
     own, own_record = run_json(box, cache, box.busybox_image, ["true"], tmp_path,
                                options=["--image-server-idle", "0"])
     assert own.returncode == 0 and own_record["image_access"] == "fuse"
-    assert shared_servers(cache) == []
+    assert shared_servers(box) == []
 
 
 def test_the_shared_servers_parser_is_confined_like_a_sandboxs_own(box, cache, tmp_path):
     result, record = run_json(box, cache, box.busybox_image, ["true"], tmp_path, idle=30)
     assert result.returncode == 0 and record["image_access"] == "shared", result.stderr
-    [(server, [parser])] = shared_servers(cache)
+    [(server, [parser])] = shared_servers(box)
     try:
         for task in os.listdir(f"/proc/{parser}/task"):
             status = status_fields(f"{parser}/task/{task}")
@@ -193,47 +270,86 @@ def test_nothing_one_payload_does_changes_what_the_next_sandbox_sees(box, cache,
     assert "done" in tamper.stdout, tamper.stderr
     after, record = run_json(box, cache, box.busybox_image, ["sh", "-c", VIEW], tmp_path, idle=30)
     assert record["image_access"] == "shared"
-    assert len(shared_servers(cache)) == 1  # all three shared it
+    assert len(shared_servers(box)) == 1  # all three shared it
     assert after.stdout == before.stdout == fresh.stdout
 
 
-def test_a_payload_finds_no_way_to_the_server(box, cache, tmp_path):
-    result, record = run_json(box, cache, box.busybox_image, ["sh", "-c", (
-        "find / -xdev -type s 2>/dev/null | sed 's/^/socket: /'; "
-        "echo \"unix: $(grep -c image-servers /proc/net/unix)\"; "
-        f"ls -d {cache}/image-servers 2>&1 | sed 's/^/cache: /'; echo end")], tmp_path, idle=30)
-    assert record["image_access"] == "shared"
-    lines = result.stdout.splitlines()
-    assert lines[-1] == "end", result.stderr
-    assert [line for line in lines if line.startswith("socket: ")] == [], lines
-    assert "unix: 0" in lines, lines
-    [seen] = [line for line in lines if line.startswith("cache: ")]
-    assert "No such file" in seen, lines
+# Run by a payload: what it can see of the caller's network namespace and its server. It lists
+# the named Unix sockets of its /proc/net/unix and the socket files it can find, tries to connect
+# to the server's name, then binds that name itself (in its own namespace, where it is free) and
+# answers whoever connects with a descriptor of its own instead of the image's mount.
+PAYLOAD_PROBE = r"""
+import errno, os, socket, stat, sys
+name = b"\0" + sys.argv[1].encode()
+named = [line.split()[-1] for line in open("/proc/net/unix").read().splitlines()[1:]
+         if len(line.split()) == 8]
+print("named sockets:", named)
+found = []
+for top, dirs, files in os.walk("/"):
+    dirs[:] = [d for d in dirs if top != "/" or d not in ("proc", "sys", "dev")]
+    found += [f for f in files if stat.S_ISSOCK(os.lstat(os.path.join(top, f)).st_mode)]
+print("socket files:", found)
+try:
+    socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET).connect(name)
+    print("connect: connected")
+except OSError as e:
+    print("connect:", errno.errorcode[e.errno])
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+listener.bind(name)
+listener.listen(8)
+print("bound", flush=True)
+forged = os.open("/", os.O_PATH)
+listener.settimeout(1)
+while True:
+    try:
+        connection, _ = listener.accept()
+    except socket.timeout:
+        continue
+    print("a connection came", flush=True)
+    socket.send_fds(connection, [b"m"], [forged])
+"""
 
 
-def image_identity(image, binary):
-    """The identity a launcher sends (runtime/shared_image.cpp, image_identity): anyone who can
-    stat the image and the binary and read the caller's cgroups can make it."""
-    f, b = os.stat(image), os.stat(os.path.realpath(binary))
-    def time_of(ns):
-        return f"{ns // 10**9}.{ns % 10**9}"
-    # The sqbox it starts runs in this process's cgroups.
-    return (f"image {f.st_dev:x}:{f.st_ino:x} {f.st_size} {time_of(f.st_mtime_ns)} "
-            f"{time_of(f.st_ctime_ns)} sqbox {b.st_dev:x}:{b.st_ino:x} {time_of(b.st_mtime_ns)}"
-            f" boot {Path('/proc/sys/kernel/random/boot_id').read_text()}"
-            f" cgroups {Path('/proc/self/cgroup').read_text()}")
+def test_a_payload_finds_no_way_to_the_server_and_cannot_take_its_name(box, cache, tmp_path):
+    """Every sandbox has a network namespace of its own: the server's abstract name is not in
+    it, nothing there answers to it, no socket file leads to it (the caller's cache mounted in
+    holds none), and a payload that binds it there (and answers with a forged mount) is met by
+    nobody: the next sandbox still gets the server's mount."""
+    name = server_name(box.python_image, box.binary, 30)
+    first, record = run_json(box, cache, box.python_image, ["true"], tmp_path, idle=30)
+    assert first.returncode == 0 and record["image_access"] == "shared", first.stderr
+    prober = subprocess.Popen(
+        box.argv(box.python_image, ["python3", "-c", PAYLOAD_PROBE, name, box.marker],
+                 options=["--timeout", "60", "--mount", f"{cache}:/cache"]),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=environment(cache, idle=30))
+    try:
+        lines = [prober.stdout.readline() for _ in range(4)]
+        assert lines[3] == "bound\n", (lines, prober.stderr.read() if prober.poll() else "")
+        assert lines[:3] == ["named sockets: []\n", "socket files: []\n",
+                             "connect: ECONNREFUSED\n"], lines
+        # While the payload holds the name in its namespace, the caller's next sandbox of the
+        # image gets the real server's mount.
+        after, record = run_json(box, cache, box.python_image,
+                                 ["python3", "-c", "print(open('/etc/os-release').read())"],
+                                 tmp_path, idle=30)
+        assert after.returncode == 0 and record["image_access"] == "shared", after.stderr
+        assert "ID=" in after.stdout
+        assert name in names_in_namespace()
+    finally:
+        prober.kill()
+        rest, _ = prober.communicate()
+    assert "a connection came" not in rest
 
 
-def peer_request(socket_path, user, identity):
-    """As `user`: connects to the server's socket (if it may) and sends a request; returns what
-    came back: 'refused to connect: ...', or how many descriptors the answer carried."""
+def peer_request(name, user, identity, in_user_namespace=False):
+    """As `user` (in a user namespace of its own where it is root, if asked): connects to the
+    server's abstract name and sends a request with the right identity; returns how many
+    descriptors the answer carried."""
     script = (
-        "import socket, sys\n"
+        "import socket\n"
         "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
-        "try:\n"
-        f"    s.connect({str(socket_path)!r})\n"
-        "except OSError as e:\n"
-        "    print('refused to connect:', e.strerror); sys.exit()\n"
+        f"s.connect(b'\\0' + {name.encode()!r})\n"
         "s.settimeout(5)\n"
         "try:\n"
         f"    s.sendall(b'm' + {identity.encode()!r})\n"
@@ -241,7 +357,10 @@ def peer_request(socket_path, user, identity):
         "except OSError as e:\n"
         "    msg, fds = b'', []\n"
         "print('descriptors:', len(fds))\n")
-    result = subprocess.run(["runuser", "-u", user, "--", sys.executable, "-c", script],
+    argv = [sys.executable, "-c", script]
+    if in_user_namespace:
+        argv = ["unshare", "--user", "--map-root-user", *argv]
+    result = subprocess.run(["runuser", "-u", user, "--", *argv],
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
     return result.stdout.strip()
@@ -249,24 +368,153 @@ def peer_request(socket_path, user, identity):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as a second user")
 def test_another_user_gets_nothing_from_the_server(box, cache, tmp_path):
+    """Abstract names have no permissions: another user can connect. The server answers only
+    its own user (SO_PEERCRED), whatever user namespace the other is root in."""
     pwd.getpwnam(UNPRIVILEGED_USER)
     result, record = run_json(box, cache, box.busybox_image, ["true"], tmp_path, idle=30)
     assert record["image_access"] == "shared", result.stderr
-    [socket_path] = (cache / "image-servers").glob("*.socket")
-    # The directory is private: the other user cannot even connect.
-    os.chmod(cache, 0o755)
-    identity = image_identity(box.busybox_image, box.binary)
-    assert peer_request(socket_path, UNPRIVILEGED_USER, identity).startswith("refused to connect")
-    # Opened up by mistake: the server still answers only its own user.
-    os.chmod(cache / "image-servers", 0o777)
-    os.chmod(socket_path, 0o777)
-    assert peer_request(socket_path, "root", identity) == "descriptors: 1"  # the request is right
-    assert peer_request(socket_path, UNPRIVILEGED_USER, identity) == "descriptors: 0"
-    # And a directory that is not private is not used again: the next sandbox serves itself.
-    again, record = run_json(box, cache, box.busybox_image, ["true"], tmp_path, idle=30,
-                             options=["--verbose"])
-    assert again.returncode == 0 and record["image_access"] == "fuse"
-    assert "is not private to you" in again.stderr
+    name = server_name(box.busybox_image, box.binary, 30)
+    identity = image_identity(box.busybox_image, box.binary, 30)
+    assert peer_request(name, "root", identity) == "descriptors: 1"  # the request is right
+    assert peer_request(name, UNPRIVILEGED_USER, identity) == "descriptors: 0"
+    assert peer_request(name, UNPRIVILEGED_USER, identity, in_user_namespace=True) == \
+        "descriptors: 0"
+    # And it still serves its own user.
+    again, record = run_json(box, cache, box.busybox_image, ["true"], tmp_path, idle=30)
+    assert again.returncode == 0 and record["image_access"] == "shared", again.stderr
+
+
+# Run by another user, before the caller's first run of the image: it binds the server's
+# abstract name. "bound" never listens; "full" listens and never accepts (a backlog of one,
+# filled at once); "forged" accepts and answers every connection with a descriptor of its own
+# instead of the image's mount, from a user namespace where it is root.
+SQUATTER = r"""
+import os, socket, sys
+name, how = b"\0" + sys.argv[1].encode(), sys.argv[2]
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+listener.bind(name)
+if how != "bound":
+    listener.listen(0)
+if how == "full":
+    filler = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    filler.connect(name)
+print("squatted", flush=True)
+if how == "forged":
+    forged = os.open("/", os.O_PATH)
+    while True:
+        connection, _ = listener.accept()
+        connection.settimeout(2)
+        try:
+            print("request bytes:", len(connection.recv(4096)), flush=True)
+            socket.send_fds(connection, [b"m"], [forged])
+        except OSError:
+            pass
+sys.stdin.read()
+"""
+SQUATTED_BECAUSE = {
+    "bound": "is held by a socket that does not listen",
+    "full": "stayed full for 1000 ms",
+    "forged": "is held by a socket of uid {uid}",
+}
+
+
+def _as_user(user, argv):
+    return argv if user == "root" else ["runuser", "-u", user, "--", *argv]
+
+
+@pytest.fixture
+def shared_tmp():
+    """A directory in /tmp that another user can reach (pytest's own are root's, mode 0700)."""
+    directory = Path(tempfile.mkdtemp(prefix="sqbox-squat-test-", dir="/tmp"))
+    directory.chmod(0o755)
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def _user_directory(parent, user, name):
+    directory = parent / name
+    directory.mkdir()
+    shutil.chown(directory, user, user)
+    return directory
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as a second user")
+@pytest.mark.parametrize("victim,squatter", [("root", UNPRIVILEGED_USER),
+                                            (UNPRIVILEGED_USER, "root")])
+@pytest.mark.parametrize("how", ["bound", "full", "forged"])
+def test_another_users_socket_on_the_name_costs_the_sharing_only(box, cache, shared_tmp, victim,
+                                                                  squatter, how):
+    """Another user binds the caller's server name first (anyone can compute it, or read it in
+    /proc/net/unix once a server has run). The caller's run still works, serving its image
+    itself, says why under -v, sends the squatter nothing and takes nothing from it; once the
+    squatter lets go, the next run shares again."""
+    binary = box.binary
+    if victim != "root":  # the session's copy is below root's private directory
+        binary = shared_tmp / "sqbox"
+        shutil.copy(box.binary, binary)
+    cgroups = subprocess.run(_as_user(victim, ["cat", "/proc/self/cgroup"]), capture_output=True,
+                             text=True, check=True).stdout
+    victim_uid = pwd.getpwnam(victim).pw_uid
+    name = server_name(box.busybox_image, binary, 30, uid=victim_uid, cgroups=cgroups)
+    victim_cache = _user_directory(shared_tmp, victim, "victim-cache")
+    records = _user_directory(shared_tmp, victim, "records")
+    squatter_argv = [sys.executable, "-c", SQUATTER, name, how]
+    if how == "forged" and squatter != "root":
+        squatter_argv = ["unshare", "--user", "--map-root-user", *squatter_argv]
+    # A session of its own: runuser's child outlives a kill of runuser, so the group is ended.
+    holder = subprocess.Popen(_as_user(squatter, squatter_argv), stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
+
+    def victim_run(record):
+        argv = [binary, *box.argv(box.busybox_image, ["sh", "-c", "echo ran", box.marker],
+                                  options=["--verbose", "--json", str(record), "--timeout",
+                                           "5"])[1:]]
+        result = subprocess.run(_as_user(victim, argv), capture_output=True, text=True,
+                                timeout=5 + GRACE, env=environment(victim_cache, idle=30))
+        return result, json.loads(record.read_text())
+
+    try:
+        assert holder.stdout.readline() == "squatted\n", holder.stderr.read()
+        result, record = victim_run(records / "squatted.json")
+        assert result.returncode == 0 and result.stdout == "ran\n", result.stderr
+        assert record["image_access"] == "fuse"
+        because = SQUATTED_BECAUSE[how].format(uid=pwd.getpwnam(squatter).pw_uid)
+        assert "sqbox: image: serving it alone: " in result.stderr, result.stderr
+        assert because in result.stderr, result.stderr
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        rest, _ = holder.communicate()
+    # The launcher sent the forged server nothing (it checked who listens before asking).
+    assert [line for line in rest.splitlines() if line != "request bytes: 0"] == [], rest
+    assert wait_for(lambda: name not in names_in_namespace(), 10)
+    try:
+        result, record = victim_run(records / "free.json")
+        assert result.returncode == 0 and record["image_access"] == "shared", result.stderr
+    finally:
+        for server, _ in _image_servers({name}):
+            os.kill(server, signal.SIGTERM)
+        wait_for(lambda: name not in names_in_namespace(), 10)
+
+
+def test_parallel_first_runs_start_exactly_one_server(box, cache, tmp_path):
+    """The bind of the name is the lock: of launchers that find no server at once, one binds it
+    and starts the server, the others connect to it; all share its mount."""
+    for round_ in range(3):
+        records = [tmp_path / f"round-{round_}-{n}.json" for n in range(6)]
+        runs = [subprocess.Popen(box.argv(box.busybox_image, ["true", box.marker],
+                                          options=["--json", str(record), "--verbose"]),
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True,
+                                 env=environment(cache, idle=30)) for record in records]
+        for run in runs:
+            _, stderr = run.communicate(timeout=SANDBOX_TIMEOUT + GRACE)
+            assert run.returncode == 0, stderr
+            assert "serving it alone" not in stderr, stderr
+        assert [json.loads(r.read_text())["image_access"] for r in records] == ["shared"] * 6
+        servers = shared_servers(box)
+        assert len(servers) == 1, servers
+        end_servers(box)
 
 
 def test_a_crash_of_the_shared_parser_ends_its_sandboxes_with_one_line(box, cache, tmp_path):
@@ -279,7 +527,7 @@ def test_a_crash_of_the_shared_parser_ends_its_sandboxes_with_one_line(box, cach
     try:
         for sandbox in sandboxes:
             assert sandbox.stdout.readline() == "ready\n"
-        [(server, [parser])] = shared_servers(cache)
+        [(server, [parser])] = shared_servers(box)
         os.kill(parser, signal.SIGSEGV)
         for sandbox in sandboxes:
             sandbox.wait(timeout=SANDBOX_TIMEOUT + GRACE)
@@ -299,7 +547,7 @@ def test_a_crash_of_the_shared_parser_ends_its_sandboxes_with_one_line(box, cach
                               tmp_path, idle=1)
     assert result.returncode == 0 and result.stdout == "1\n", result.stderr
     assert record["image_access"] == "shared"
-    assert wait_for(lambda: shared_servers(cache) == [], 10)
+    assert wait_for(lambda: shared_servers(box) == [], 10)
     # The crashed server's connection goes once the last mount of it has (on a busy machine,
     # seconds after its sandboxes).
     assert new_fuse_connections(connections_before, wait=15.0) == []
@@ -322,7 +570,7 @@ def test_a_stalled_shared_server_holds_no_sandbox_past_its_end_or_timeout(box, c
     try:
         for sandbox in sandboxes.values():
             assert sandbox.stdout.readline() == "ready\n"
-        [(server, [parser])] = shared_servers(cache)
+        [(server, [parser])] = shared_servers(box)
         os.kill(parser, signal.SIGSTOP)
         # sh's read and echo are builtins: "ends" asks the image nothing.
         stdout, stderr = sandboxes["ends"].communicate("go\n", timeout=GRACE)
@@ -347,7 +595,7 @@ def test_a_stalled_shared_server_makes_the_next_sandbox_serve_its_image_itself(
     --timeout: its launcher finds the mount not answering and serves it itself."""
     first, record = run_json(box, cache, box.python_image, ["true"], tmp_path, idle=30)
     assert first.returncode == 0 and record["image_access"] == "shared", first.stderr
-    [(server, [parser])] = shared_servers(cache)
+    [(server, [parser])] = shared_servers(box)
     os.kill(parser, signal.SIGSTOP)
     try:
         result, record = run_json(box, cache, box.python_image, ["python3", "-c", "print(1)"],
@@ -358,58 +606,6 @@ def test_a_stalled_shared_server_makes_the_next_sandbox_serve_its_image_itself(
         os.kill(parser, signal.SIGCONT)
         os.kill(server, signal.SIGTERM)
         wait_for(lambda: not Path(f"/proc/{parser}").exists(), 10)
-
-
-# Run by a payload given the cache directory (--mount ~:... is all it takes): it takes the
-# server's socket name. "silent" listens and never accepts (a backlog of one, filled at once);
-# "forged" answers every request with a descriptor of its own instead of the image's mount.
-SQUATTER = r"""
-import os, socket, sys
-path, how = sys.argv[1], sys.argv[2]
-os.unlink(path)
-listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-listener.bind(path)
-listener.listen(0)
-if how == "silent":
-    filler = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    filler.connect(path)
-print("squatted", flush=True)
-if how == "forged":
-    forged = os.open("/", os.O_PATH)
-    while True:
-        connection, _ = listener.accept()
-        connection.recv(4096)
-        socket.send_fds(connection, [b"m"], [forged])
-sys.stdin.read()
-"""
-
-
-@pytest.mark.parametrize("how", ["silent", "forged"])
-def test_a_payload_that_takes_the_servers_socket_neither_hangs_nor_breaks_the_next_sandbox(
-        box, cache, tmp_path, how):
-    first, record = run_json(box, cache, box.busybox_image, ["true"], tmp_path, idle=30)
-    assert first.returncode == 0 and record["image_access"] == "shared", first.stderr
-    [socket_path] = (cache / "image-servers").glob("*.socket")
-    squatter = subprocess.Popen(
-        box.argv(box.python_image, ["python3", "-c", SQUATTER,
-                                    f"/cache/image-servers/{socket_path.name}", how, box.marker],
-                 options=["--mount", f"{cache}:/cache", "--image-server-idle", "0",
-                          "--timeout", "120"]),
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=environment(cache))
-    try:
-        assert squatter.stdout.readline() == "squatted\n", squatter.stderr.read()
-        # The squatter outlives the wait: the run must end by itself, within its timeout.
-        result, record = run_json(box, cache, box.busybox_image, ["echo", "ran"], tmp_path,
-                                  idle=30, options=["--timeout", "5"], timeout=5 + GRACE)
-        assert result.returncode == 0 and result.stdout == "ran\n", result.stderr
-        assert record["image_access"] == "fuse"
-    finally:
-        squatter.kill()
-        squatter.wait()
-        for server, _ in _image_servers({socket_path.name}):
-            if server not in _EARLIER[cache]:
-                os.kill(server, signal.SIGTERM)
 
 
 def _job_cgroup(name):
@@ -462,34 +658,22 @@ def test_the_end_of_one_job_ends_no_sandbox_of_another(box, cache, tmp_path):
             job.rmdir()
 
 
-def test_a_server_killed_before_it_could_clean_up_is_swept_by_the_next_one(box, cache, tmp_path):
-    """A server killed (its job's cgroup at the job's end) leaves its socket and lock; the next
-    server started in the directory, of any image, removes them, and nothing of a live one."""
+def test_a_killed_server_leaves_nothing_and_the_next_run_starts_another(box, cache, tmp_path):
+    """A server killed before its idle time is up (its job's cgroup at the job's end): its name
+    goes with its socket, there is nothing of it to clean, and the next run starts a new one."""
+    name = server_name(box.busybox_image, box.binary, 30)
     result, record = run_json(box, cache, box.busybox_image, ["true"], tmp_path, idle=30)
     assert result.returncode == 0 and record["image_access"] == "shared", result.stderr
-    [(killed, kids)] = shared_servers(cache)
-    left = sorted(p.name for p in (cache / "image-servers").iterdir())
-    assert len(left) == 2, left  # its socket and lock
+    [(killed, kids)] = shared_servers(box)
     for pid in (killed, *kids):
         os.kill(pid, signal.SIGKILL)
     assert wait_for(lambda: not any(Path(f"/proc/{p}").exists() for p in (killed, *kids)), 10)
-    live = []
-    try:
-        # Another image's server starts: the killed one's files go.
-        result, record = run_json(box, cache, box.python_image, ["true"], tmp_path, idle=30)
-        assert result.returncode == 0 and record["image_access"] == "shared", result.stderr
-        python_files = sorted(p.name for p in (cache / "image-servers").iterdir())
-        assert len(python_files) == 2 and not set(left) & set(python_files), (left, python_files)
-        # The killed one's image gets a new server; the live one's files stay.
-        result, record = run_json(box, cache, box.busybox_image, ["true"], tmp_path, idle=30)
-        assert result.returncode == 0 and record["image_access"] == "shared", result.stderr
-        live = shared_servers(cache)
-        assert len(live) == 2, live
-        names = sorted(p.name for p in (cache / "image-servers").iterdir())
-        assert names == sorted(left + python_files), names
-    finally:
-        for server, _ in live:
-            os.kill(server, signal.SIGTERM)
+    assert name not in names_in_namespace()
+    result, record = run_json(box, cache, box.busybox_image, ["true"], tmp_path, idle=30)
+    assert result.returncode == 0 and record["image_access"] == "shared", result.stderr
+    [(server, _)] = shared_servers(box)
+    assert server != killed
+    assert [p for p in cache.rglob("*") if p.is_socket() or "server" in p.name] == []
 
 
 TRACING = Path("/sys/kernel/tracing")
@@ -552,7 +736,7 @@ def test_later_sandboxes_open_the_images_files_without_a_fuse_request(box, cache
         first, record = run_json(box, cache, box.busybox_image, ["sh", "-c", READ_FILES],
                                  tmp_path, idle=30)
         assert first.returncode == 0 and record["image_access"] == "shared", first.stderr
-        [(server, [parser])] = shared_servers(cache)
+        [(server, [parser])] = shared_servers(box)
         connection = fuse_connection_of(parser)
         first_requests = sent(connection)
         later, record = run_json(box, cache, box.busybox_image, ["sh", "-c", READ_FILES],
@@ -608,10 +792,10 @@ def test_a_shared_parser_killed_while_its_first_sandbox_reads_always_ends(box, c
                                    stderr=subprocess.PIPE, text=True, env=env)
         try:
             deadline = time.monotonic() + 10
-            while [len(kids) for _, kids in shared_servers(cache)] != [1]:
+            while [len(kids) for _, kids in shared_servers(box)] != [1]:
                 assert time.monotonic() < deadline, "no shared server came up"
                 time.sleep(0.001)
-            [(server, [parser])] = shared_servers(cache)
+            [(server, [parser])] = shared_servers(box)
             time.sleep(rng.uniform(0, 0.06))
             os.kill(parser, signal.SIGKILL)
             stdout, stderr = sandbox.communicate(timeout=SANDBOX_TIMEOUT + GRACE)

@@ -297,7 +297,8 @@ def test_scancel_leaves_no_process_mount_or_file(slurm, sqbox_bin, python_image,
 
     # The sandboxes share the image's server (docs/run.md, "The shared image server"); under
     # proctrack/linuxproc it is no longer the job's once started, and leaves after its idle time.
-    # A cache directory of the job's own: not a server an earlier test's job left idling.
+    # (A server an earlier test's job left idling, met at the same abstract name when the jobs'
+    # cgroups are alike, is the one server too.) A cache directory of the job's own.
     cache = user_dir(slurm, "cache")
     cache.chmod(0o700)
     idle = {"SQBOX_IMAGE_SERVER_IDLE": "3", "SQBOX_CACHE_DIR": str(cache)}

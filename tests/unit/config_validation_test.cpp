@@ -368,5 +368,23 @@ TEST(ConfigValidation, ImageFstabEntriesFollowTheSameRules) {
     EXPECT_FALSE(cli::enroot_mount_option("none:/:none:rprivate").has_value());
 }
 
+// 0 is a valid idle time (the sandbox serves its image itself): the message must not say
+// "positive", and must say the bounds.
+TEST(ConfigValidation, ImageServerIdleTakesZeroToADay) {
+    EXPECT_EQ(validate::image_server_idle_seconds("0", "--image-server-idle"), 0U);
+    EXPECT_EQ(validate::image_server_idle_seconds("86400", "--image-server-idle"), 86400U);
+    for (const char* bad : {"-1", "", "1.5", "lots", "86401", "99999999999999999999", " 1"}) {
+        try {
+            (void)validate::image_server_idle_seconds(bad, "SQBOX_IMAGE_SERVER_IDLE");
+            FAIL() << "accepted '" << bad << "'";
+        } catch (const Error& e) {
+            EXPECT_EQ(std::string(e.what()),
+                      "invalid value '" + std::string(bad) +
+                          "' for SQBOX_IMAGE_SERVER_IDLE: expected a whole number of seconds from "
+                          "0 (the sandbox serves its image itself) to 86400 (a day)");
+        }
+    }
+}
+
 }  // namespace
 }  // namespace sqbox
