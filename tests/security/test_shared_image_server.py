@@ -608,6 +608,26 @@ def test_a_stalled_shared_server_makes_the_next_sandbox_serve_its_image_itself(
         wait_for(lambda: not Path(f"/proc/{parser}").exists(), 10)
 
 
+def test_a_server_that_never_answers_costs_no_sandbox_its_timeout(box, cache, tmp_path):
+    """The launcher asks the server while the sandbox is being set up: a server that takes the
+    request and never answers (stopped here) holds the launch for the launcher's wait, then the
+    sandbox serves its image itself, and that wait does not count toward its --timeout."""
+    first, record = run_json(box, cache, box.python_image, ["true"], tmp_path, idle=30)
+    assert first.returncode == 0 and record["image_access"] == "shared", first.stderr
+    [(server, [parser])] = shared_servers(box)
+    os.kill(server, signal.SIGSTOP)
+    try:
+        # The launcher waits 10 s for an answer: more than the timeout.
+        result, record = run_json(box, cache, box.python_image, ["python3", "-c", "print(1)"],
+                                  tmp_path, idle=30, options=["--timeout", "4"])
+        assert result.returncode == 0 and result.stdout == "1\n", result.stderr
+        assert record["image_access"] == "fuse", record
+    finally:
+        os.kill(server, signal.SIGCONT)
+        os.kill(server, signal.SIGTERM)
+        wait_for(lambda: not Path(f"/proc/{parser}").exists(), 10)
+
+
 def _job_cgroup(name):
     """A cgroup for one simulated batch job (Slurm's proctrack/cgroup gives each job one and
     kills every process in it when the job ends)."""
