@@ -23,6 +23,7 @@ import os
 import pwd
 import select
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -133,10 +134,44 @@ def evict(path):
         os.close(fd)
 
 
+def shared_servers_of(image):
+    """The pids of the `sqbox image-server` processes serving IMAGE (its file on their
+    descriptor 3; root reads any user's)."""
+    target = os.path.realpath(image)
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
+            if argv[1:2] != [b"image-server"] or os.readlink(f"/proc/{entry}/fd/3") != target:
+                continue
+        except OSError:
+            continue
+        pids.append(int(entry))
+    return pids
+
+
+def end_shared_servers_of(image, timeout=10.0):
+    """Ends IMAGE's shared image servers and waits until they are gone: servers meet by a name
+    derived from the image, so one left from the previous sample would serve the next."""
+    for pid in shared_servers_of(image):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout
+    while shared_servers_of(image):
+        if time.monotonic() > deadline:
+            die(f"the shared image server of {image} did not end")
+        time.sleep(0.01)
+
+
 def first_run_preparation(image, cache):
-    """Before each sample of a first-run row: the image out of the page cache, and the row's
-    sqbox cache directory gone (it is the user's per-user cache for that image)."""
+    """Before each sample of a first-run row: no shared image server of the image left, the
+    image out of the page cache, and the row's sqbox cache directory gone."""
     def prepare():
+        end_shared_servers_of(image)
         shutil.rmtree(cache, ignore_errors=True)
         evict(image)
     return prepare
@@ -231,6 +266,10 @@ def commands(sqbox, image, rootfs, user, caches, compare=None, switch=None,
         name, env = sqbox_enroot
         rows.append((SQBOX_ENROOT_ROW, [sqbox, "enroot", "start", name] + PAYLOAD,
                      dict(env, SQBOX_CACHE_DIR=caches["enroot"])))
+        # enroot runs the command through the container's login shell by default, whose
+        # /etc/profile and ~/.profile start programs of their own (Debian's: id twice, mesg).
+        rows.append((SQBOX_ENROOT_NO_LOGIN_ROW, [sqbox, "enroot", "start", name] + PAYLOAD,
+                     dict(env, SQBOX_CACHE_DIR=caches["enroot"], ENROOT_LOGIN_SHELL="no")))
     if enroot:
         path, name, env = enroot
         rows.append((ENROOT_ROW, [path, "start", name] + PAYLOAD, env))
@@ -254,6 +293,7 @@ LATER_ROW_PREFIX = "later runs: sqbox run "
 OWN_SERVER_ROW_PREFIX = "later runs, own server: sqbox run "
 ENROOT_ROW = "enroot start (created container)"
 SQBOX_ENROOT_ROW = "later runs: sqbox enroot start (created container, lzo -noD)"
+SQBOX_ENROOT_NO_LOGIN_ROW = "the same, ENROOT_LOGIN_SHELL=no"
 UNHARDENED_ROW = "switch build, without hardening"
 
 
