@@ -922,3 +922,56 @@ def test_another_container_of_the_callers_uid_neither_serves_nor_gets_the_image(
     assert copied.returncode == 0, copied.stderr
     # (whether the caller's sandbox ran the attacker's image, what another container got)
     assert (forged, copied.stdout.strip()) == (False, "descriptors: 0")
+
+
+OVERFLOW_USER = "nobody"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as two other users")
+def test_a_caller_whose_uid_is_the_overflow_uid_shares_with_no_other_user(box, shared_tmp):
+    """The server's user namespace maps its caller's uid alone: every other user's connection
+    shows there as the kernel's overflow uid (65534, nobody). A caller running as that uid (as
+    pods and daemons often do) would take every other user for itself; it serves its images
+    itself, and another user who asks with the right identity gets nothing."""
+    overflow = int(Path("/proc/sys/kernel/overflowuid").read_text())
+    assert pwd.getpwnam(OVERFLOW_USER).pw_uid == overflow
+    pwd.getpwnam(UNPRIVILEGED_USER)
+    binary = shared_tmp / "sqbox"  # the session's copy is below root's private directory
+    shutil.copy(box.binary, binary)
+    cgroups = subprocess.run(_as_user(OVERFLOW_USER, ["cat", "/proc/self/cgroup"]),
+                             capture_output=True, text=True, check=True).stdout
+    name = server_name(box.busybox_image, binary, 30, uid=overflow, cgroups=cgroups)
+    identity = image_identity(box.busybox_image, binary, 30, cgroups)
+    victim_cache, records = shared_tmp / "victim-cache", shared_tmp / "records"
+    for directory in (victim_cache, records):
+        directory.mkdir()
+        shutil.chown(directory, OVERFLOW_USER)  # its group is not called as it is
+    record = records / "run.json"
+    argv = [binary, *box.argv(box.busybox_image, ["sh", "-c", "echo ran", box.marker],
+                              options=["--verbose", "--json", str(record)])[1:]]
+    try:
+        result = subprocess.run(_as_user(OVERFLOW_USER, argv), capture_output=True, text=True,
+                                timeout=SANDBOX_TIMEOUT + GRACE,
+                                env=environment(victim_cache, idle=30))
+        assert result.returncode == 0 and result.stdout == "ran\n", result.stderr
+        script = (
+            "import socket\n"
+            "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
+            "s.settimeout(5)\n"
+            "try:\n"
+            f"    s.connect(b'\\0' + {name.encode()!r})\n"
+            f"    s.sendall(b'm' + {identity.encode()!r})\n"
+            "    msg, fds, _, _ = socket.recv_fds(s, 4096, 4)\n"
+            "except OSError as e:\n"
+            "    msg, fds = b'', []\n"
+            "print('descriptors:', len(fds))\n")
+        asked = subprocess.run(_as_user(UNPRIVILEGED_USER, [sys.executable, "-c", script]),
+                               capture_output=True, text=True, timeout=30)
+        assert asked.returncode == 0, asked.stderr
+        assert asked.stdout.strip() == "descriptors: 0"
+        assert json.loads(record.read_text())["image_access"] == "fuse"
+        assert "is the kernel's overflow uid" in result.stderr, result.stderr
+    finally:
+        for server, _ in _image_servers({name}):
+            os.kill(server, signal.SIGTERM)
+        wait_for(lambda: name not in names_in_namespace(), 10)
