@@ -22,6 +22,7 @@
 #include <csignal>
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <future>
@@ -72,6 +73,23 @@ std::string identity_file(const std::string& path) {
     std::optional<std::string> text = read_small_file(path);
     if (!text) throw Error("cannot read " + path);
     return std::move(*text);
+}
+
+// The uid the kernel shows for a user that has none in the reader's user namespace. The server's
+// namespace maps the caller's uid alone, so every other user's connection reads as this one there:
+// a caller whose uid it is (nobody, 65534, as pods and daemons often run) could not tell them
+// apart, and gets no shared server.
+void require_distinguishable_uid() {
+    const std::optional<std::string> text = read_small_file("/proc/sys/kernel/overflowuid");
+    if (!text) throw Error("cannot read /proc/sys/kernel/overflowuid");
+    char* end = nullptr;
+    const unsigned long overflow = std::strtoul(text->c_str(), &end, 10);
+    if (end == text->c_str()) throw Error("cannot parse /proc/sys/kernel/overflowuid");
+    if (::geteuid() == overflow) {
+        throw Error("uid " + std::to_string(overflow) +
+                    " is the kernel's overflow uid, which every user unknown to the server's user "
+                    "namespace shows as");
+    }
 }
 
 // What a server serves: the image file as it is now, read by this sqbox binary, to callers in
@@ -527,6 +545,7 @@ bool start_shared_server(const ImageSource& image, const SandboxConfig& config,
 // The mount from the server of the image, starting it if no other launcher is doing so: the
 // launcher whose bind of the name succeeds starts it; the others connect once it listens.
 SharedImage share_from(const ImageSource& image, const SandboxConfig& config) {
+    require_distinguishable_uid();
     const std::string identity = image_identity(image, config.image_server_idle_seconds);
     const std::string name = server_name(identity);
     const auto started = Clock::now();
@@ -561,6 +580,7 @@ SharedImage share_from(const ImageSource& image, const SandboxConfig& config) {
 }  // namespace
 
 int serve_shared_image(const std::string& socket_name, unsigned idle_seconds) {
+    require_distinguishable_uid();  // else same_user would take every other user for its own
     const UniqueFd listener(kListenerFd);
     const UniqueFd image_fd(kImageFd);
     const ImageSource image = open_image("/proc/self/fd/" + std::to_string(kImageFd));
