@@ -187,6 +187,13 @@ void require_own_server(int connection, const std::string& name) {
                     std::to_string(peer.uid) + " (pid " + std::to_string(peer.pid) +
                     "), not a server of yours");
     }
+    // Pid 0: made by a process this pid namespace cannot see, another container's (a pod's
+    // containers share the network namespace, often the uid, never the pids).
+    if (peer.pid == 0) {
+        throw Error("its name @" + name +
+                    " is held by a socket made outside your pid namespace (another "
+                    "container's?), not a server of yours");
+    }
 }
 
 bool wait_readable(int fd, int timeout_ms) {
@@ -286,12 +293,13 @@ void refuse_waiting_launchers(int listener, const std::string& why) {
     }
 }
 
-// The connected launcher runs as this server's user.
+// The connected launcher runs as this server's user, in this server's pid namespace or one
+// below it (pid 0: one it cannot see, another container's).
 bool same_user(int connection) {
     ucred peer{};
     socklen_t size = sizeof peer;
     return ::getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &peer, &size) == 0 &&
-           peer.uid == ::getuid();
+           peer.uid == ::getuid() && peer.pid != 0;
 }
 
 // One launcher's request: its image identity must be this server's; the answer is a fresh

@@ -870,10 +870,11 @@ while True:
 OTHER_CONTAINER = ["unshare", "--user", "--map-root-user", "--mount", "--pid", "--fork"]
 
 
-@pytest.mark.xfail(strict=True, reason="SO_PEERCRED's uid is all either end checks: a process of "
-                   "the caller's uid in other user, mount and pid namespaces that shares the "
-                   "network namespace (another container of a pod, a --network host container) "
-                   "is taken for the caller's server and gets the caller's mount; not fixed yet")
+@pytest.mark.xfail(strict=True, reason="SO_PEERCRED's uid and pid are all either end checks: a "
+                   "process of the caller's uid in user, mount and pid namespaces below the "
+                   "caller's that shares the network namespace (a --network host container of "
+                   "the caller's user) is taken for the caller's server and gets the caller's "
+                   "mount; not fixed yet")
 def test_another_container_of_the_callers_uid_neither_serves_nor_gets_the_image(
         box, cache, tmp_path):
     """A container that shares only the caller's network namespace, whose user is the caller's
@@ -922,6 +923,71 @@ def test_another_container_of_the_callers_uid_neither_serves_nor_gets_the_image(
     assert copied.returncode == 0, copied.stderr
     # (whether the caller's sandbox ran the attacker's image, what another container got)
     assert (forged, copied.stdout.strip()) == (False, "descriptors: 0")
+
+
+# The caller as a container runs it: the caller's uid, a pid namespace of its own (the network
+# namespace is the one the other processes of the test are in).
+CALLERS_CONTAINER = ["unshare", "--user", "--map-current-user", "--pid", "--fork"]
+
+
+def test_a_process_outside_the_callers_pid_namespace_neither_serves_nor_gets_the_image(
+        box, cache, tmp_path):
+    """The caller runs in a container (a pid namespace of its own); a process of the same uid
+    outside it that shares the network namespace (another container of the pod, or the host)
+    takes the name of the caller's server first and relays its own server's mount: the caller's
+    sandbox serves its image itself and sees its own image. Then that process asks the caller's
+    server, which runs in the caller's container, for a copy of its mount, and gets none."""
+    victim_name = server_name(box.busybox_image, box.binary, 30)
+    result, record = run_json(box, cache, box.python_image, ["true"], tmp_path, idle=30)
+    assert record["image_access"] == "shared", result.stderr
+    own_name = server_name(box.python_image, box.binary, 30)
+    own_identity = image_identity(box.python_image, box.binary, 30)
+    relay = subprocess.Popen([sys.executable, "-c", RELAY, victim_name, own_name, own_identity],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    record_path = tmp_path / "victim.json"
+    probe = "test -e /usr/bin/python3 && echo attackers || echo callers"
+    victim = [*CALLERS_CONTAINER,
+              *box.argv(box.busybox_image, ["sh", "-c", probe, box.marker],
+                        ["--verbose", "--json", str(record_path)])]
+    try:
+        assert relay.stdout.readline() == "squatted\n", relay.stderr.read()
+        result = subprocess.run(victim, capture_output=True, text=True,
+                                env=environment(cache, idle=30), timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == "callers\n", result.stderr
+        assert json.loads(record_path.read_text())["image_access"] == "fuse"
+        assert "outside your pid namespace" in result.stderr
+    finally:
+        os.killpg(relay.pid, signal.SIGKILL)
+        relay.communicate()
+    assert wait_for(lambda: victim_name not in names_in_namespace(), 10)
+    # The caller's own server, started from inside its container, and kept while it is asked.
+    holder = subprocess.Popen(
+        [*CALLERS_CONTAINER, *box.argv(box.busybox_image, ["sh", "-c", "echo up; read x",
+                                                           box.marker])],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=environment(cache, idle=30))
+    try:
+        assert holder.stdout.readline() == "up\n", holder.stderr.read()
+        assert victim_name in names_in_namespace()
+        identity = image_identity(box.busybox_image, box.binary, 30)
+        script = (
+            "import socket\n"
+            "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
+            f"s.connect(b'\\0' + {victim_name.encode()!r})\n"
+            "s.settimeout(5)\n"
+            "try:\n"
+            f"    s.sendall(b'm' + {identity.encode()!r})\n"
+            "    msg, fds, _, _ = socket.recv_fds(s, 4096, 4)\n"
+            "except OSError as e:\n"
+            "    msg, fds = b'', []\n"
+            "print('descriptors:', len(fds))\n")
+        asked = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                               timeout=30)
+        assert (asked.returncode, asked.stdout) == (0, "descriptors: 0\n"), asked.stderr
+    finally:
+        holder.communicate(input="\n", timeout=60)
 
 
 OVERFLOW_USER = "nobody"
