@@ -342,28 +342,33 @@ def test_a_payload_finds_no_way_to_the_server_and_cannot_take_its_name(box, cach
     assert "a connection came" not in rest
 
 
-def peer_request(name, user, identity, in_user_namespace=False):
-    """As `user` (in a user namespace of its own where it is root, if asked): connects to the
-    server's abstract name and sends a request with the right identity; returns how many
-    descriptors the answer carried."""
+def ask_for_a_copy(name, identity, wrapper=()):
+    """Connects to the server's abstract `name` from a process run under `wrapper` (another
+    user, container, namespace) and sends a request with the right `identity`; returns how many
+    descriptors the answer carried (0 too when nothing listens)."""
     script = (
         "import socket\n"
         "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
-        f"s.connect(b'\\0' + {name.encode()!r})\n"
         "s.settimeout(5)\n"
         "try:\n"
+        f"    s.connect(b'\\0' + {name.encode()!r})\n"
         f"    s.sendall(b'm' + {identity.encode()!r})\n"
         "    msg, fds, _, _ = socket.recv_fds(s, 4096, 4)\n"
         "except OSError as e:\n"
         "    msg, fds = b'', []\n"
-        "print('descriptors:', len(fds))\n")
-    argv = [sys.executable, "-c", script]
+        "print(len(fds))\n")
+    asked = subprocess.run([*wrapper, sys.executable, "-c", script], capture_output=True,
+                           text=True, timeout=30)
+    assert asked.returncode == 0, asked.stderr
+    return int(asked.stdout)
+
+
+def peer_request(name, user, identity, in_user_namespace=False):
+    """ask_for_a_copy as `user` (in a user namespace of its own where it is root, if asked)."""
+    wrapper = ["runuser", "-u", user, "--"]
     if in_user_namespace:
-        argv = ["unshare", "--user", "--map-root-user", *argv]
-    result = subprocess.run(["runuser", "-u", user, "--", *argv],
-                            capture_output=True, text=True, timeout=30)
-    assert result.returncode == 0, result.stderr
-    return result.stdout.strip()
+        wrapper += ["unshare", "--user", "--map-root-user"]
+    return f"descriptors: {ask_for_a_copy(name, identity, wrapper)}"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as a second user")
@@ -906,23 +911,10 @@ def test_another_container_of_the_callers_uid_neither_serves_nor_gets_the_image(
     assert wait_for(lambda: victim_name not in names_in_namespace(), 10)
     result, record = run_json(box, cache, box.busybox_image, ["true"], tmp_path, idle=30)
     assert record["image_access"] == "shared", result.stderr
-    identity = image_identity(box.busybox_image, box.binary, 30)
-    script = (
-        "import socket\n"
-        "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
-        f"s.connect(b'\\0' + {victim_name.encode()!r})\n"
-        "s.settimeout(5)\n"
-        "try:\n"
-        f"    s.sendall(b'm' + {identity.encode()!r})\n"
-        "    msg, fds, _, _ = socket.recv_fds(s, 4096, 4)\n"
-        "except OSError as e:\n"
-        "    msg, fds = b'', []\n"
-        "print('descriptors:', len(fds))\n")
-    copied = subprocess.run([*OTHER_CONTAINER, sys.executable, "-c", script],
-                            capture_output=True, text=True, timeout=30)
-    assert copied.returncode == 0, copied.stderr
-    # (whether the caller's sandbox ran the attacker's image, what another container got)
-    assert (forged, copied.stdout.strip()) == (False, "descriptors: 0")
+    copied = ask_for_a_copy(victim_name, image_identity(box.busybox_image, box.binary, 30),
+                            OTHER_CONTAINER)
+    # (whether the caller's sandbox ran the attacker's image, how many descriptors it got)
+    assert (forged, copied) == (False, 0)
 
 
 # The caller as a container runs it: the caller's uid, a pid namespace of its own (the network
@@ -971,21 +963,8 @@ def test_a_process_outside_the_callers_pid_namespace_neither_serves_nor_gets_the
     try:
         assert holder.stdout.readline() == "up\n", holder.stderr.read()
         assert victim_name in names_in_namespace()
-        identity = image_identity(box.busybox_image, box.binary, 30)
-        script = (
-            "import socket\n"
-            "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
-            f"s.connect(b'\\0' + {victim_name.encode()!r})\n"
-            "s.settimeout(5)\n"
-            "try:\n"
-            f"    s.sendall(b'm' + {identity.encode()!r})\n"
-            "    msg, fds, _, _ = socket.recv_fds(s, 4096, 4)\n"
-            "except OSError as e:\n"
-            "    msg, fds = b'', []\n"
-            "print('descriptors:', len(fds))\n")
-        asked = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                               timeout=30)
-        assert (asked.returncode, asked.stdout) == (0, "descriptors: 0\n"), asked.stderr
+        assert ask_for_a_copy(victim_name,
+                              image_identity(box.busybox_image, box.binary, 30)) == 0
     finally:
         holder.communicate(input="\n", timeout=60)
 
@@ -1020,21 +999,7 @@ def test_a_caller_whose_uid_is_the_overflow_uid_shares_with_no_other_user(box, s
                                 timeout=SANDBOX_TIMEOUT + GRACE,
                                 env=environment(victim_cache, idle=30))
         assert result.returncode == 0 and result.stdout == "ran\n", result.stderr
-        script = (
-            "import socket\n"
-            "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
-            "s.settimeout(5)\n"
-            "try:\n"
-            f"    s.connect(b'\\0' + {name.encode()!r})\n"
-            f"    s.sendall(b'm' + {identity.encode()!r})\n"
-            "    msg, fds, _, _ = socket.recv_fds(s, 4096, 4)\n"
-            "except OSError as e:\n"
-            "    msg, fds = b'', []\n"
-            "print('descriptors:', len(fds))\n")
-        asked = subprocess.run(_as_user(UNPRIVILEGED_USER, [sys.executable, "-c", script]),
-                               capture_output=True, text=True, timeout=30)
-        assert asked.returncode == 0, asked.stderr
-        assert asked.stdout.strip() == "descriptors: 0"
+        assert ask_for_a_copy(name, identity, _as_user(UNPRIVILEGED_USER, [])) == 0
         assert json.loads(record.read_text())["image_access"] == "fuse"
         assert "is the kernel's overflow uid" in result.stderr, result.stderr
     finally:
