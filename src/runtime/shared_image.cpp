@@ -68,8 +68,8 @@ constexpr int kMountProbeWaitMs = 500;
 // Descriptors the server keeps besides its sandboxes' connections.
 constexpr rlim_t kReservedDescriptors = 16;
 
-// A small file of /proc that is part of a server's identity; throws Error if it cannot be read.
-std::string identity_file(const std::string& path) {
+// A small file of /proc the server depends on; throws Error if it cannot be read.
+std::string proc_text(const std::string& path) {
     std::optional<std::string> text = read_small_file(path);
     if (!text) throw Error("cannot read " + path);
     return std::move(*text);
@@ -80,11 +80,10 @@ std::string identity_file(const std::string& path) {
 // a caller whose uid it is (nobody, 65534, as pods and daemons often run) could not tell them
 // apart, and gets no shared server.
 void require_distinguishable_uid() {
-    const std::optional<std::string> text = read_small_file("/proc/sys/kernel/overflowuid");
-    if (!text) throw Error("cannot read /proc/sys/kernel/overflowuid");
+    const std::string text = proc_text("/proc/sys/kernel/overflowuid");
     char* end = nullptr;
-    const unsigned long overflow = std::strtoul(text->c_str(), &end, 10);
-    if (end == text->c_str()) throw Error("cannot parse /proc/sys/kernel/overflowuid");
+    const unsigned long overflow = std::strtoul(text.c_str(), &end, 10);
+    if (end == text.c_str()) throw Error("cannot parse /proc/sys/kernel/overflowuid");
     if (::geteuid() == overflow) {
         throw Error("uid " + std::to_string(overflow) +
                     " is the kernel's overflow uid, which every user unknown to the server's user "
@@ -116,7 +115,7 @@ std::string image_identity(const ImageSource& image, unsigned idle_seconds) {
     // kills a job's at its end); callers in other cgroups (another job's) get servers nothing of
     // that takes away.
     return text + std::string(" idle ") + std::to_string(idle_seconds) + " cgroups " +
-           identity_file("/proc/self/cgroup");
+           proc_text("/proc/self/cgroup");
 }
 
 // The abstract socket name (in the caller's network namespace) of the caller's server for
@@ -171,25 +170,36 @@ UniqueFd connect_to_server(const std::string& name) {
     throw system_error("cannot connect to the shared image server @" + name);
 }
 
+// Who is at the other end of `connection` (as the kernel recorded at connect or listen), as this
+// process's user and pid namespaces see it; throws Error if it cannot say.
+ucred peer_of(int connection) {
+    ucred peer{};
+    socklen_t size = sizeof peer;
+    if (::getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &peer, &size) != 0) {
+        throw system_error("SO_PEERCRED");
+    }
+    return peer;
+}
+
+// Pid 0: made by a process this pid namespace cannot see, another container's (a pod's
+// containers share the network namespace, often the uid, never the pids).
+bool in_sight(const ucred& peer) {
+    return peer.pid != 0;
+}
+
 // The socket that listens on `name` was made to listen by a process of this user: abstract
 // names have no owner and no permissions, so any user of the network namespace may have bound it
 // first, and nothing such a socket would send is taken. (The kernel records who listened when
 // it did; a process of another user shows as its own uid, or the overflow uid, from any user
 // namespace it may be in.)
 void require_own_server(int connection, const std::string& name) {
-    ucred peer{};
-    socklen_t size = sizeof peer;
-    if (::getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &peer, &size) != 0) {
-        throw system_error("SO_PEERCRED of the shared image server");
-    }
+    const ucred peer = peer_of(connection);
     if (peer.uid != ::geteuid()) {
         throw Error("its name @" + name + " is held by a socket of uid " +
                     std::to_string(peer.uid) + " (pid " + std::to_string(peer.pid) +
                     "), not a server of yours");
     }
-    // Pid 0: made by a process this pid namespace cannot see, another container's (a pod's
-    // containers share the network namespace, often the uid, never the pids).
-    if (peer.pid == 0) {
+    if (!in_sight(peer)) {
         throw Error("its name @" + name +
                     " is held by a socket made outside your pid namespace (another "
                     "container's?), not a server of yours");
@@ -296,10 +306,8 @@ void refuse_waiting_launchers(int listener, const std::string& why) {
 // The connected launcher runs as this server's user, in this server's pid namespace or one
 // below it (pid 0: one it cannot see, another container's).
 bool same_user(int connection) {
-    ucred peer{};
-    socklen_t size = sizeof peer;
-    return ::getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &peer, &size) == 0 &&
-           peer.uid == ::getuid() && peer.pid != 0;
+    const ucred peer = peer_of(connection);
+    return peer.uid == ::getuid() && in_sight(peer);
 }
 
 // One launcher's request: its image identity must be this server's; the answer is a fresh
