@@ -209,17 +209,6 @@ void check_no_xattrs(const std::string& path) {
     }
 }
 
-// The private directory that holds the entries: made if missing, the caller's, written by no one
-// else (an entry there is run as a root filesystem).
-void make_private_directory(const std::string& directory) {
-    make_directories(directory, 0700);
-    struct stat st {};
-    if (::lstat(directory.c_str(), &st) != 0) throw system_error("cannot use " + directory);
-    if (!S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 022) != 0) {
-        throw Error(directory + " must be a directory of yours that no one else can write");
-    }
-}
-
 // The entry at `path` locked (shared) if it is complete and made from `identity`.
 std::optional<UnpackedImage> open_entry(const std::string& path, const std::string& identity) {
     UniqueFd entry(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));

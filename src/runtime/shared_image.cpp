@@ -34,14 +34,17 @@
 #include "runtime/host_probes.h"
 #include "runtime/mounts.h"
 #include "runtime/rootfs.h"
+#include "runtime/server_key.h"
 #include "runtime/signals.h"
 #include "runtime/stage_report.h"
 #include "runtime/supervisor.h"
 #include "runtime/user_namespace.h"
 #include "util/errors.h"
 #include "util/fd_passing.h"
+#include "util/files.h"
 #include "util/process.h"
 #include "util/stable_hash.h"
+#include "util/user_directories.h"
 
 namespace sqbox {
 namespace {
@@ -121,9 +124,11 @@ std::string image_identity(const ImageSource& image, unsigned idle_seconds) {
 // The abstract socket name (in the caller's network namespace) of the caller's server for
 // `identity`. Derived, so that the user's launches meet; public (/proc/net/unix lists every
 // abstract name), so nothing rests on it being secret: SECURITY.md, "The shared image server".
-// The uid in it keeps two users of one identity (same image, binary and cgroups) apart.
-std::string server_name(const std::string& identity) {
-    const std::string owned = "uid " + std::to_string(::geteuid()) + " " + identity;
+// The uid in it keeps two users of one identity (same image, binary and cgroups) apart, the
+// key's tag two keys of one user (two cache directories).
+std::string server_name(const std::string& identity, const ServerKey& key) {
+    const std::string owned =
+        "uid " + std::to_string(::geteuid()) + " key " + server_key_tag(key) + " " + identity;
     char name[40];
     (void)std::snprintf(name, sizeof name, "sqbox-image-%016llx",
                         static_cast<unsigned long long>(stable_hash(owned)));
@@ -241,20 +246,49 @@ std::optional<MountAnswer> statfs_within(Ask ask) {
     return answer.get();
 }
 
-// Asks the server on `connection` for a copy of its mount: nullopt if the server is ending (the
-// launcher asks again); throws Error saying why not otherwise.
-std::optional<SharedImage> request_mount(UniqueFd connection, const std::string& identity) {
-    send_fd_message(connection.get(), MessageTag::kImageMount, identity, {},
-                    "the request to the shared image server");
-    if (!wait_readable(connection.get(), kAnswerWaitMs)) {
+// The server's next message on `connection`: nullopt if it is ending (the launcher asks again);
+// throws Error if it refused, or said nothing in time.
+std::optional<FdMessage> server_message(int connection) {
+    if (!wait_readable(connection, kAnswerWaitMs)) {
         throw Error("the shared image server did not answer in time");
     }
-    std::optional<FdMessage> answer = receive_fd_message(connection.get());
-    if (!answer) throw Error("the shared image server hung up");
-    if (answer->tag == MessageTag::kFailed && answer->text == kServerEnding) return std::nullopt;
-    if (answer->tag == MessageTag::kFailed) throw Error("the shared image server: " + answer->text);
+    std::optional<FdMessage> message = receive_fd_message(connection);
+    if (!message) throw Error("the shared image server hung up");
+    if (message->tag == MessageTag::kFailed && message->text == kServerEnding) return std::nullopt;
+    if (message->tag == MessageTag::kFailed) {
+        throw Error("the shared image server: " + message->text);
+    }
+    return message;
+}
+
+// Asks the server on `connection` for a copy of its mount: nullopt if the server is ending (the
+// launcher asks again); throws Error saying why not otherwise. Each end proves it holds the
+// user's key (server_key.h) before the other trusts it: the server answers only a launcher that
+// did, and a mount is used only from a server that did.
+std::optional<SharedImage> request_mount(UniqueFd connection, const std::string& identity,
+                                         const ServerKey& key) {
+    const std::optional<FdMessage> challenge = server_message(connection.get());
+    if (!challenge) return std::nullopt;
+    if (challenge->tag != MessageTag::kChallenge || challenge->text.size() != kServerKeyBytes ||
+        !challenge->fds.empty()) {
+        throw Error("unexpected greeting from the shared image server");
+    }
+    const ServerKey own = random_key_bytes();
+    const std::string_view own_text(reinterpret_cast<const char*>(own.data()), own.size());
+    const ServerKey proof =
+        key_proof(key, ProofRole::kLauncher, identity, challenge->text, own_text);
+    std::string request(own_text);
+    request.append(reinterpret_cast<const char*>(proof.data()), proof.size());
+    request += identity;
+    send_fd_message(connection.get(), MessageTag::kImageMount, request, {},
+                    "the request to the shared image server");
+    std::optional<FdMessage> answer = server_message(connection.get());
+    if (!answer) return std::nullopt;
     if (answer->tag != MessageTag::kImageMount || answer->fds.size() != 1) {
         throw Error("unexpected answer from the shared image server");
+    }
+    if (!is_key_proof(answer->text, key, ProofRole::kServer, identity, own_text, challenge->text)) {
+        throw Error("the socket on its name proved no key of yours (another container's?)");
     }
     // What the server sent must be a FUSE mount, and that mount's server must answer: the
     // supervisor would wait on a stalled one (a parser spinning on a hostile image) before the
@@ -310,24 +344,46 @@ bool same_user(int connection) {
     return peer.uid == ::getuid() && in_sight(peer);
 }
 
-// One launcher's request: its image identity must be this server's; the answer is a fresh
-// detached copy of the image's mount, which is the launcher's to attach.
-bool answer_request(int connection, const std::string& identity) {
-    if (!same_user(connection) || !wait_readable(connection, kRequestWaitMs)) return false;
+// One launcher's request: its image identity must be this server's, and it must prove it holds
+// the user's key for this server's challenge; the answer is a fresh detached copy of the image's
+// mount, which is the launcher's to attach, with this server's proof.
+bool answer_request(int connection, const std::string& identity, const ServerKey& key) {
+    if (!same_user(connection)) return false;
+    const ServerKey challenge = random_key_bytes();
+    const std::string_view challenge_text(reinterpret_cast<const char*>(challenge.data()),
+                                          challenge.size());
+    send_fd_message(connection, MessageTag::kChallenge, std::string(challenge_text), {},
+                    "the challenge");
+    if (!wait_readable(connection, kRequestWaitMs)) return false;
     std::optional<FdMessage> request = receive_fd_message(connection);
-    if (!request || request->tag != MessageTag::kImageMount) return false;
-    if (request->text != identity) {
+    if (!request || request->tag != MessageTag::kImageMount ||
+        request->text.size() < 2 * kServerKeyBytes) {
+        return false;
+    }
+    const std::string_view text(request->text);
+    const std::string_view launchers = text.substr(0, kServerKeyBytes);
+    const std::string_view proof = text.substr(kServerKeyBytes, kServerKeyBytes);
+    if (text.substr(2 * kServerKeyBytes) != identity) {
         send_fd_message(connection, MessageTag::kFailed, "serves another image", {}, "a refusal");
         return false;
     }
+    if (!is_key_proof(proof, key, ProofRole::kLauncher, identity, challenge_text, launchers)) {
+        send_fd_message(connection, MessageTag::kFailed, "no proof of the user's key", {},
+                        "a refusal");
+        return false;
+    }
+    const ServerKey own_proof =
+        key_proof(key, ProofRole::kServer, identity, launchers, challenge_text);
     UniqueFd copy = clone_mount_tree(AT_FDCWD, kImageDir, false, "the shared image mount");
-    send_fd_message(connection, MessageTag::kImageMount, "", {copy.get()}, "the image mount");
+    send_fd_message(connection, MessageTag::kImageMount,
+                    std::string(reinterpret_cast<const char*>(own_proof.data()), own_proof.size()),
+                    {copy.get()}, "the image mount");
     return true;
 }
 
 // Serves launchers until no sandbox has held the image for `idle`, or the image server is gone.
 void serve_launchers(int listener, ChildProcess& server, const std::string& identity,
-                     std::chrono::seconds idle) {
+                     const ServerKey& key, std::chrono::seconds idle) {
     UniqueFd server_exit(static_cast<int>(::syscall(SYS_pidfd_open, server.pid(), 0)));
     if (!server_exit) throw system_error("pidfd_open of the image server");
     rlimit files{};
@@ -379,7 +435,7 @@ void serve_launchers(int listener, ChildProcess& server, const std::string& iden
             UniqueFd connection(::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC));
             if (!connection) continue;
             try {
-                if (answer_request(connection.get(), identity)) {
+                if (answer_request(connection.get(), identity, key)) {
                     sandboxes.push_back(std::move(connection));
                 }
             } catch (const Error&) {
@@ -466,8 +522,8 @@ void stop_flushes(const std::string& image_dir) {
 // The server's process: in a user and mount namespace of its own, it mounts the image, forks the
 // confined image server (as a sandbox's supervisor does), and hands out copies of the mount.
 [[noreturn]] void run_shared_server(const ImageSource& image, const UniqueFd& listener,
-                                    const std::string& identity, const IdMapping& ids,
-                                    std::chrono::seconds idle) {
+                                    const std::string& identity, const ServerKey& key,
+                                    const IdMapping& ids, std::chrono::seconds idle) {
     std::string why = "did not start";
     try {
         (void)::prctl(PR_SET_NAME, "sqbox-image");
@@ -482,7 +538,7 @@ void stop_flushes(const std::string& image_dir) {
                                                  FileOpens::kWithoutMessages);
         fuse.reset();  // the server's now
         stop_flushes(kImageDir);
-        serve_launchers(listener.get(), server, identity, idle);
+        serve_launchers(listener.get(), server, identity, key, idle);
         why.clear();
     } catch (const Error& e) {
         why = e.what();
@@ -493,9 +549,11 @@ void stop_flushes(const std::string& image_dir) {
     ::_exit(why.empty() ? 0 : kExitSqboxFailure);
 }
 
-// The descriptors `sqbox image-server` starts with.
+// The descriptors `sqbox image-server` starts with: the user's key is read from a pipe, to its
+// end.
 constexpr int kImageFd = 3;
 constexpr int kListenerFd = 4;
+constexpr int kKeyFd = 5;
 
 // In the child that becomes `sqbox image-server`: `fds` at their numbers above, everything else
 // closed, stdio on /dev/null, its own session, no environment. An exec rather than the launcher's
@@ -519,7 +577,7 @@ constexpr int kListenerFd = 4;
             }
         }
         high.clear();
-        close_fds_except({kImageFd, kListenerFd});
+        close_fds_except({kImageFd, kListenerFd, kKeyFd});
         const std::string idle = std::to_string(idle_seconds);
         const std::string shown = "@" + socket_name;  // as ss and /proc/net/unix show it
         const char* argv[] = {"sqbox",  "image-server", "--socket", shown.c_str(),
@@ -536,7 +594,7 @@ constexpr int kListenerFd = 4;
 // outlives this run. The bound name is the lock: no other socket can take it until the server's
 // listening socket is closed (as the server exits, or is killed). false if the name is taken.
 bool start_shared_server(const ImageSource& image, const SandboxConfig& config,
-                         const std::string& name) {
+                         const std::string& name, const ServerKey& key) {
     UniqueFd listener = new_socket();
     socklen_t length = 0;
     const sockaddr_un address = abstract_address(name, &length);
@@ -546,10 +604,16 @@ bool start_shared_server(const ImageSource& image, const SandboxConfig& config,
     }
     // At once: a name bound and not listening is what a squatter's socket looks like.
     if (::listen(listener.get(), 64) != 0) throw system_error("cannot listen on @" + name);
+    // The key fits in the pipe: written whole before the server starts, with nothing to wait for.
+    Pipe key_pipe = make_pipe("the image server's key");
+    if (!write_all(key_pipe.write_end.get(), key.data(), key.size())) {
+        throw system_error("cannot hand the image server its key");
+    }
+    key_pipe.write_end.reset();
     const pid_t starter = ::fork();
     if (starter < 0) throw system_error("cannot start the shared image server");
     if (starter == 0) {
-        exec_shared_server({image.file.get(), listener.get()}, name,
+        exec_shared_server({image.file.get(), listener.get(), key_pipe.read_end.get()}, name,
                            config.image_server_idle_seconds);
     }
     int status = 0;
@@ -562,8 +626,9 @@ bool start_shared_server(const ImageSource& image, const SandboxConfig& config,
 // launcher whose bind of the name succeeds starts it; the others connect once it listens.
 SharedImage share_from(const ImageSource& image, const SandboxConfig& config) {
     require_distinguishable_uid();
+    const ServerKey key = user_server_key(sqbox_cache_directory());
     const std::string identity = image_identity(image, config.image_server_idle_seconds);
-    const std::string name = server_name(identity);
+    const std::string name = server_name(identity, key);
     const auto started = Clock::now();
     const auto deadline = started + std::chrono::milliseconds(kAnswerWaitMs);
     const auto refusals_end = started + std::chrono::milliseconds(kConnectWaitMs);
@@ -571,15 +636,15 @@ SharedImage share_from(const ImageSource& image, const SandboxConfig& config) {
         if (UniqueFd connection = connect_to_server(name)) {
             require_own_server(connection.get(), name);
             if (std::optional<SharedImage> shared =
-                    request_mount(std::move(connection), identity)) {
+                    request_mount(std::move(connection), identity, key)) {
                 return std::move(*shared);
             }
             // That server was ending: its name is free again in a moment.
-        } else if (start_shared_server(image, config, name)) {
+        } else if (start_shared_server(image, config, name, key)) {
             UniqueFd started_server = connect_to_server(name);
             if (!started_server) throw Error("the shared image server did not start");
             if (std::optional<SharedImage> shared =
-                    request_mount(std::move(started_server), identity)) {
+                    request_mount(std::move(started_server), identity, key)) {
                 return std::move(*shared);
             }
             throw Error("the shared image server it started ended at once");
@@ -599,16 +664,21 @@ int serve_shared_image(const std::string& socket_name, unsigned idle_seconds) {
     require_distinguishable_uid();  // else same_user would take every other user for its own
     const UniqueFd listener(kListenerFd);
     const UniqueFd image_fd(kImageFd);
+    ServerKey key{};
+    {
+        const UniqueFd key_fd(kKeyFd);
+        key = read_server_key(key_fd.get());
+    }
     const ImageSource image = open_image("/proc/self/fd/" + std::to_string(kImageFd));
     const std::string identity = image_identity(image, idle_seconds);
     // The name its command line shows is the one it serves: ps and the tests find it by that.
-    if (socket_name != "@" + server_name(identity)) {
+    if (socket_name != "@" + server_name(identity, key)) {
         throw Error("the image server's name " + socket_name + " is not its image's");
     }
     // The caller's ids as they are: the mount's owner is the caller's uid in every namespace.
     const IdMapping ids{::getuid(), ::getgid(), ::getuid(), ::getgid()};
     if (clone_into_user_namespace(CLONE_NEWNS, "the shared image server") == 0) {
-        run_shared_server(image, listener, identity, ids, std::chrono::seconds(idle_seconds));
+        run_shared_server(image, listener, identity, key, ids, std::chrono::seconds(idle_seconds));
     }
     return 0;
 }

@@ -29,6 +29,7 @@ enum class MessageTag : char {
     kReady = 'w',     // serve supervisor -> server: the image is mounted
     kReport = 'r',    // serve supervisor -> server: a sandbox has ended
     kImageMount = 'm',  // launcher <-> shared image server: its image's identity; the mount
+    kChallenge = 'n',   // shared image server -> launcher: what to prove its key with
 };
 
 struct FdMessage {

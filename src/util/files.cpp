@@ -147,6 +147,15 @@ UniqueFd lock_file_within(const std::string& path, int wait_ms) {
     }
 }
 
+void make_private_directory(const std::string& path) {
+    make_directories(path, 0700);
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0) throw system_error("cannot use " + path);
+    if (!S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 022) != 0) {
+        throw Error(path + " must be a directory of yours that no one else can write");
+    }
+}
+
 bool for_each_directory_entry(
     const std::string& directory,
     const std::function<void(int dir_fd, const std::string& name)>& visit) {

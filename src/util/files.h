@@ -38,6 +38,11 @@ void set_nonblocking(int fd, const std::string& what);
 // left as they are). Throws Error "cannot create DIR" naming the one that failed.
 void make_directories(const std::string& path, mode_t mode);
 
+// make_directories(path, 0700), then requires `path` to be a directory of the caller's that no
+// one else can write (what it holds is trusted: run as a root filesystem, or a secret). Throws
+// Error saying why not.
+void make_private_directory(const std::string& path);
+
 // Calls `visit` with each entry's name in `directory` but "." and "..", and the listing's
 // descriptor (for *at calls on the entry). Returns false, with errno set and nothing visited, when
 // the directory cannot be opened for listing.

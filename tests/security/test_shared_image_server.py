@@ -8,6 +8,8 @@ sandboxes with one line; after the idle time nothing is left, on disk or in the 
 """
 import collections
 import contextlib
+import hashlib
+import hmac
 import json
 import os
 import pwd
@@ -42,6 +44,40 @@ def stable_hash(data):
     return value
 
 
+# The user's image server key (runtime/server_key.h) the cache fixture puts in each test's cache
+# directory: one for every test and run of the suite, so that the servers an earlier test left are
+# found by their names and ended. Attackers get it only where a test says so.
+TEST_KEY = hashlib.sha256(b"the shared image server tests' key").digest()
+KEY_FILE = "image-server.key"
+
+
+def write_key(directory, key=TEST_KEY, user=None):
+    """`key` as the key file of the cache `directory` (of `user`, if given)."""
+    path = Path(directory) / KEY_FILE
+    path.write_bytes(key)
+    path.chmod(0o600)
+    if user is not None:
+        shutil.chown(path, user)
+    return path
+
+
+# runtime/server_key.cpp's key_proof, for the tests' own launchers, servers and attackers.
+KEY_PROOF = r"""
+import hashlib, hmac
+def key_proof(key, role, identity, challenge, own):
+    parts = [b"sqbox launcher" if role == "launcher" else b"sqbox image server", identity,
+             challenge, own]
+    message = b"".join(str(len(part)).encode() + b":" + part for part in parts)
+    return hmac.new(key, message, hashlib.sha256).digest()
+"""
+exec(KEY_PROOF)
+
+
+def key_tag(key):
+    """server_key_tag: a public tag of the key, in the server's name."""
+    return key_proof(key, "server", b"the server's name", b"", b"")[:8].hex()
+
+
 def image_identity(image, binary, idle, cgroups=None):
     """The identity a launcher sends (runtime/shared_image.cpp, image_identity): anyone who can
     stat the image and the binary and read the caller's cgroups can make it."""
@@ -56,11 +92,12 @@ def image_identity(image, binary, idle, cgroups=None):
             f" idle {idle} cgroups {cgroups}")
 
 
-def server_name(image, binary, idle, uid=None, cgroups=None):
+def server_name(image, binary, idle, uid=None, cgroups=None, key=TEST_KEY):
     """The abstract socket name of `uid`'s server of `image` run by `binary` with an idle time
-    of `idle` seconds (server_name in runtime/shared_image.cpp), without the leading NUL."""
+    of `idle` seconds and the key `key` (server_name in runtime/shared_image.cpp), without the
+    leading NUL."""
     uid = os.geteuid() if uid is None else uid
-    owned = f"uid {uid} {image_identity(image, binary, idle, cgroups)}"
+    owned = f"uid {uid} key {key_tag(key)} {image_identity(image, binary, idle, cgroups)}"
     return f"sqbox-image-{stable_hash(owned.encode()):016x}"
 
 
@@ -130,9 +167,10 @@ def end_servers(box):
 
 @pytest.fixture
 def cache(box):
-    """A cache directory of the test's own (its warm-up files go there, not into the user's), and
-    no server of the test's binary running before or after the test."""
+    """A cache directory of the test's own (with TEST_KEY as the user's key), and no server of the
+    test's binary running before or after the test."""
     directory = Path(tempfile.mkdtemp(prefix="sqbox-image-servers-test-", dir="/tmp"))
+    write_key(directory)
     end_servers(box)
     yield directory
     end_servers(box)
@@ -190,7 +228,7 @@ def test_sandboxes_of_an_image_share_one_server_which_leaves_nothing_after_its_i
     pids = [servers[0][0], *servers[0][1]]
     assert wait_for(lambda: not any(Path(f"/proc/{p}").exists() for p in pids), 15), pids
     assert name not in names_in_namespace()
-    assert [p for p in cache.rglob("*") if p.is_socket() or "server" in p.name] == []
+    assert [p.name for p in cache.rglob("*")] == [KEY_FILE]  # the fixture's, and nothing else
     if os.geteuid() == 0:
         # Its own connection (other runs on the machine may make and hold connections meanwhile).
         assert wait_for(lambda: own_connection not in (fuse_connections() or []), 5)
@@ -342,39 +380,54 @@ def test_a_payload_finds_no_way_to_the_server_and_cannot_take_its_name(box, cach
     assert "a connection came" not in rest
 
 
-def ask_for_a_copy(name, identity, wrapper=()):
+# A launcher's request (runtime/shared_image.cpp, request_mount) with the key given in hex, or a
+# key of its own if none: the server's challenge, then our challenge, our proof and the identity.
+ASK = KEY_PROOF + r"""
+import os, socket, sys
+name, identity, key = sys.argv[1].encode(), sys.argv[2].encode(), sys.argv[3]
+key = bytes.fromhex(key) if key else os.urandom(32)
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.settimeout(5)
+fds = []
+try:
+    s.connect(b"\0" + name)
+    challenge = s.recv(4096)
+    if challenge[:1] == b"n":
+        own = os.urandom(32)
+        proof = key_proof(key, "launcher", identity, challenge[1:], own)
+        s.sendall(b"m" + own + proof + identity)
+        _, fds, _, _ = socket.recv_fds(s, 4096, 4)
+except OSError:
+    pass
+print(len(fds))
+"""
+
+
+def ask_for_a_copy(name, identity, wrapper=(), key=None):
     """Connects to the server's abstract `name` from a process run under `wrapper` (another
-    user, container, namespace) and sends a request with the right `identity`; returns how many
-    descriptors the answer carried (0 too when nothing listens)."""
-    script = (
-        "import socket\n"
-        "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
-        "s.settimeout(5)\n"
-        "try:\n"
-        f"    s.connect(b'\\0' + {name.encode()!r})\n"
-        f"    s.sendall(b'm' + {identity.encode()!r})\n"
-        "    msg, fds, _, _ = socket.recv_fds(s, 4096, 4)\n"
-        "except OSError as e:\n"
-        "    msg, fds = b'', []\n"
-        "print(len(fds))\n")
-    asked = subprocess.run([*wrapper, sys.executable, "-c", script], capture_output=True,
-                           text=True, timeout=30)
+    user, container, namespace) and asks with the right `identity`, proving `key` (a key of its
+    own if None); returns how many descriptors the answer carried (0 too when nothing
+    listens)."""
+    asked = subprocess.run([*wrapper, sys.executable, "-c", ASK, name, identity,
+                            key.hex() if key else ""], capture_output=True, text=True, timeout=30)
     assert asked.returncode == 0, asked.stderr
     return int(asked.stdout)
 
 
 def peer_request(name, user, identity, in_user_namespace=False):
-    """ask_for_a_copy as `user` (in a user namespace of its own where it is root, if asked)."""
+    """ask_for_a_copy as `user` (in a user namespace of its own where it is root, if asked), with
+    the caller's key: only the uid tells it apart."""
     wrapper = ["runuser", "-u", user, "--"]
     if in_user_namespace:
         wrapper += ["unshare", "--user", "--map-root-user"]
-    return f"descriptors: {ask_for_a_copy(name, identity, wrapper)}"
+    return f"descriptors: {ask_for_a_copy(name, identity, wrapper, key=TEST_KEY)}"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as a second user")
 def test_another_user_gets_nothing_from_the_server(box, cache, tmp_path):
     """Abstract names have no permissions: another user can connect. The server answers only
-    its own user (SO_PEERCRED), whatever user namespace the other is root in."""
+    its own user (SO_PEERCRED), whatever user namespace the other is root in, even one who has
+    the user's key (which it could not read)."""
     pwd.getpwnam(UNPRIVILEGED_USER)
     result, record = run_json(box, cache, box.busybox_image, ["true"], tmp_path, idle=30)
     assert record["image_access"] == "shared", result.stderr
@@ -462,6 +515,7 @@ def test_another_users_socket_on_the_name_costs_the_sharing_only(box, cache, sha
     victim_uid = pwd.getpwnam(victim).pw_uid
     name = server_name(box.busybox_image, binary, 30, uid=victim_uid, cgroups=cgroups)
     victim_cache = _user_directory(shared_tmp, victim, "victim-cache")
+    write_key(victim_cache, user=victim)
     records = _user_directory(shared_tmp, victim, "records")
     squatter_argv = [sys.executable, "-c", SQUATTER, name, how]
     if how == "forged" and squatter != "root":
@@ -698,7 +752,7 @@ def test_a_killed_server_leaves_nothing_and_the_next_run_starts_another(box, cac
     assert result.returncode == 0 and record["image_access"] == "shared", result.stderr
     [(server, _)] = shared_servers(box)
     assert server != killed
-    assert [p for p in cache.rglob("*") if p.is_socket() or "server" in p.name] == []
+    assert [p.name for p in cache.rglob("*")] == [KEY_FILE]  # the fixture's, and nothing else
 
 
 TRACING = Path("/sys/kernel/tracing")
@@ -843,13 +897,15 @@ def test_a_shared_parser_killed_while_its_first_sandbox_reads_always_ends(box, c
     assert outcomes[125] > 0, outcomes
 
 
-# Run by a process of the caller's uid in user, mount and pid namespaces of its own (another
-# container of a pod, or any container sharing the host's network namespace, whose user maps to
-# the caller's uid): it binds the caller's server name first and relays every request to a server
-# of its own for another image (the attacker's), whose mount it hands back.
-RELAY = r"""
-import socket, sys
+# Run by a process of the caller's uid that shares the caller's network namespace (another
+# container of a pod, a container on the host's network, or the host): it binds the caller's
+# server name first and answers every launcher as a server would, handing it the mount of a server
+# of its own for another image (the attacker's), which it gets with its own key. Its proof to the
+# launcher is made with the caller's key if it is given one, else with its own.
+RELAY = KEY_PROOF + r"""
+import os, socket, sys
 victim_name, own_name, own_identity = (a.encode() for a in sys.argv[1:4])
+own_key, victims_key = bytes.fromhex(sys.argv[4]), bytes.fromhex(sys.argv[5])
 listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 listener.bind(b"\0" + victim_name)
 listener.listen(8)
@@ -859,12 +915,20 @@ while True:
     connection, _ = listener.accept()
     connection.settimeout(5)
     try:
-        print("request:", connection.recv(4096)[1:].decode(), flush=True)
+        challenge = os.urandom(32)
+        connection.sendall(b"n" + challenge)
+        request = connection.recv(4096)
+        launchers, identity = request[1:33], request[65:]
+        print("request:", identity.decode(), flush=True)
         own = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         own.connect(b"\0" + own_name)
-        own.sendall(b"m" + own_identity)
+        servers = own.recv(4096)[1:]
+        mine = os.urandom(32)
+        own.sendall(b"m" + mine + key_proof(own_key, "launcher", own_identity, servers, mine)
+                    + own_identity)
         _, fds, _, _ = socket.recv_fds(own, 4096, 4)
-        socket.send_fds(connection, [b"m"], fds)
+        proof = key_proof(victims_key or own_key, "server", identity, launchers, challenge)
+        socket.send_fds(connection, [b"m" + proof], fds)
         kept += [connection, own]
     except OSError as e:
         print("relay failed:", e, flush=True)
@@ -875,46 +939,55 @@ while True:
 OTHER_CONTAINER = ["unshare", "--user", "--map-root-user", "--mount", "--pid", "--fork"]
 
 
-@pytest.mark.xfail(strict=True, reason="SO_PEERCRED's uid and pid are all either end checks: a "
-                   "process of the caller's uid in user, mount and pid namespaces below the "
-                   "caller's that shares the network namespace (a --network host container of "
-                   "the caller's user) is taken for the caller's server and gets the caller's "
-                   "mount; not fixed yet")
 def test_another_container_of_the_callers_uid_neither_serves_nor_gets_the_image(
         box, cache, tmp_path):
     """A container that shares only the caller's network namespace, whose user is the caller's
-    uid (pods run their containers as one uid, usually): it can ptrace none of the caller's
-    processes and read none of the caller's files. Still, it must neither have the caller's runs
-    use a mount it hands out (the caller's sandbox would run the attacker's image, with whatever
-    the caller mounts into it), nor get a copy of the caller's image's mount."""
+    uid (pods run their containers as one uid, usually), in a pid namespace below the caller's
+    (a container the caller's user starts on the host's network): SO_PEERCRED's uid and pid pass
+    both ends' checks. It can ptrace none of the caller's processes and read none of the caller's
+    files, so not the user's key. Still, it must neither have the caller's runs use a mount it
+    hands out (the caller's sandbox would run the attacker's image, with whatever the caller
+    mounts into it), nor get a copy of the caller's image's mount."""
     victim_name = server_name(box.busybox_image, box.binary, 30)
-    # The attacker's own server, of its own image: any sqbox run of it starts one.
-    result, record = run_json(box, cache, box.python_image, ["true"], tmp_path, idle=30)
+    identity = image_identity(box.busybox_image, box.binary, 30)
+    # The attacker's own server, of its own image, with a key of its own (its cache directory).
+    attackers_cache = tmp_path / "attackers-cache"
+    attackers_cache.mkdir(mode=0o700)
+    attackers_key = os.urandom(32)
+    write_key(attackers_cache, attackers_key)
+    result, record = run_json(box, attackers_cache, box.python_image, ["true"], tmp_path,
+                              idle=30)
     assert record["image_access"] == "shared", result.stderr
-    own_name = server_name(box.python_image, box.binary, 30)
+    own_name = server_name(box.python_image, box.binary, 30, key=attackers_key)
     own_identity = image_identity(box.python_image, box.binary, 30)
     relay = subprocess.Popen([*OTHER_CONTAINER, sys.executable, "-c", RELAY, victim_name,
-                              own_name, own_identity], stdin=subprocess.DEVNULL,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             start_new_session=True)
+                              own_name, own_identity, attackers_key.hex(), ""],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert relay.stdout.readline() == "squatted\n", relay.stderr.read()
         probe = "test -e /usr/bin/python3 && echo attackers || echo callers"
         result, record = run_json(box, cache, box.busybox_image, ["sh", "-c", probe, box.marker],
                                   tmp_path, idle=30, options=["--verbose"])
         assert result.returncode == 0, result.stderr
-        forged = result.stdout.strip() == "attackers"
+        assert result.stdout == "callers\n", result.stderr
+        assert record["image_access"] == "fuse"
+        assert "proved no key of yours" in result.stderr, result.stderr
     finally:
         os.killpg(relay.pid, signal.SIGKILL)
-        relay.communicate()
-    # Once the name is free, the caller's own server runs; another container asks it for a copy.
+        relayed, _ = relay.communicate()
+        for server, _ in _image_servers({own_name}):
+            os.kill(server, signal.SIGTERM)
+    # The launcher passed the uid and pid checks and asked: only the key stopped it.
+    assert f"request: {identity}\n" in relayed, relayed
+    # Once the name is free, the caller's own server runs; the other container asks it for a copy
+    # with a key of its own, and gets none. (With the caller's key it would: nothing else tells
+    # it from the caller.)
     assert wait_for(lambda: victim_name not in names_in_namespace(), 10)
     result, record = run_json(box, cache, box.busybox_image, ["true"], tmp_path, idle=30)
     assert record["image_access"] == "shared", result.stderr
-    copied = ask_for_a_copy(victim_name, image_identity(box.busybox_image, box.binary, 30),
-                            OTHER_CONTAINER)
-    # (whether the caller's sandbox ran the attacker's image, how many descriptors it got)
-    assert (forged, copied) == (False, 0)
+    assert ask_for_a_copy(victim_name, identity, OTHER_CONTAINER) == 0
+    assert ask_for_a_copy(victim_name, identity, OTHER_CONTAINER, key=TEST_KEY) == 1
 
 
 # The caller as a container runs it: the caller's uid, a pid namespace of its own (the network
@@ -928,13 +1001,15 @@ def test_a_process_outside_the_callers_pid_namespace_neither_serves_nor_gets_the
     outside it that shares the network namespace (another container of the pod, or the host)
     takes the name of the caller's server first and relays its own server's mount: the caller's
     sandbox serves its image itself and sees its own image. Then that process asks the caller's
-    server, which runs in the caller's container, for a copy of its mount, and gets none."""
+    server, which runs in the caller's container, for a copy of its mount, and gets none. It has
+    the caller's key (the host could read it): the pid check alone stops it."""
     victim_name = server_name(box.busybox_image, box.binary, 30)
     result, record = run_json(box, cache, box.python_image, ["true"], tmp_path, idle=30)
     assert record["image_access"] == "shared", result.stderr
     own_name = server_name(box.python_image, box.binary, 30)
     own_identity = image_identity(box.python_image, box.binary, 30)
-    relay = subprocess.Popen([sys.executable, "-c", RELAY, victim_name, own_name, own_identity],
+    relay = subprocess.Popen([sys.executable, "-c", RELAY, victim_name, own_name, own_identity,
+                              TEST_KEY.hex(), TEST_KEY.hex()],
                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, start_new_session=True)
     record_path = tmp_path / "victim.json"
@@ -963,8 +1038,8 @@ def test_a_process_outside_the_callers_pid_namespace_neither_serves_nor_gets_the
     try:
         assert holder.stdout.readline() == "up\n", holder.stderr.read()
         assert victim_name in names_in_namespace()
-        assert ask_for_a_copy(victim_name,
-                              image_identity(box.busybox_image, box.binary, 30)) == 0
+        assert ask_for_a_copy(victim_name, image_identity(box.busybox_image, box.binary, 30),
+                              key=TEST_KEY) == 0
     finally:
         holder.communicate(input="\n", timeout=60)
 
@@ -991,6 +1066,7 @@ def test_a_caller_whose_uid_is_the_overflow_uid_shares_with_no_other_user(box, s
     for directory in (victim_cache, records):
         directory.mkdir()
         shutil.chown(directory, OVERFLOW_USER)  # its group is not called as it is
+    write_key(victim_cache, user=OVERFLOW_USER)
     record = records / "run.json"
     argv = [binary, *box.argv(box.busybox_image, ["sh", "-c", "echo ran", box.marker],
                               options=["--verbose", "--json", str(record)])[1:]]
@@ -1006,3 +1082,82 @@ def test_a_caller_whose_uid_is_the_overflow_uid_shares_with_no_other_user(box, s
         for server, _ in _image_servers({name}):
             os.kill(server, signal.SIGTERM)
         wait_for(lambda: name not in names_in_namespace(), 10)
+
+
+def end_servers_named(names):
+    for server, _ in _image_servers(names):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server, signal.SIGTERM)
+    assert wait_for(lambda: not names & names_in_namespace(), 15)
+
+
+def test_the_users_key_is_made_once_private_and_kept(box, tmp_path):
+    """A cache directory without a key (a new user's): four first runs at once make one key, the
+    user's alone (0600, 32 bytes, in a directory only the user can write), with nothing else left
+    beside it; later runs keep using it, and meet the one server their key names."""
+    fresh = tmp_path / "fresh-cache"
+    runs = [subprocess.Popen(box.argv(box.busybox_image, ["true"],
+                                      ["--json", str(tmp_path / f"first-{n}.json")]),
+                             env=environment(fresh, idle=30), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for n in range(4)]
+    names = set()
+    try:
+        for n, run in enumerate(runs):
+            _, err = run.communicate(timeout=SANDBOX_TIMEOUT + GRACE)
+            assert run.returncode == 0, err
+            record = json.loads((tmp_path / f"first-{n}.json").read_text())
+            assert record["image_access"] == "shared", err
+        key_file = fresh / KEY_FILE
+        key = key_file.read_bytes()
+        names = {server_name(box.busybox_image, box.binary, 30, key=key)}
+        assert len(key) == 32 and key != TEST_KEY
+        assert (key_file.stat().st_mode & 0o777, key_file.stat().st_uid) == (0o600, os.geteuid())
+        assert fresh.stat().st_mode & 0o777 == 0o700
+        assert [p.name for p in fresh.iterdir()] == [KEY_FILE]
+        assert len(_image_servers(names)) == 1 and names <= names_in_namespace()
+        result, record = run_json(box, fresh, box.busybox_image, ["true"], tmp_path, idle=30)
+        assert record["image_access"] == "shared", result.stderr
+        assert key_file.read_bytes() == key and len(_image_servers(names)) == 1
+    finally:
+        end_servers_named(names)
+
+
+def _readable_key(cache_dir):
+    write_key(cache_dir).chmod(0o644)
+
+
+def _short_key(cache_dir):
+    write_key(cache_dir, TEST_KEY[:16])
+
+
+def _linked_key(cache_dir):
+    target = write_key(cache_dir).rename(cache_dir / "elsewhere")
+    (cache_dir / KEY_FILE).symlink_to(target)
+
+
+def _writable_directory(cache_dir):
+    write_key(cache_dir)
+    cache_dir.chmod(0o777)  # anyone could put a key of theirs there
+
+
+@pytest.mark.parametrize("spoil,because", [
+    (_readable_key, "must be a file of yours of 32 bytes that no one else can read or write"),
+    (_short_key, "must be a file of yours of 32 bytes that no one else can read or write"),
+    (_linked_key, "Too many levels of symbolic links"),
+    (_writable_directory, "must be a directory of yours that no one else can write"),
+])
+def test_a_key_others_could_read_or_choose_is_not_used(box, cache, tmp_path, spoil, because):
+    """A key another user could have read, or put there, proves nothing: the run serves its image
+    itself, says why under -v, and leaves the file as it was (the user's to fix)."""
+    spoiled = tmp_path / "spoiled-cache"
+    spoiled.mkdir(mode=0o700)
+    spoil(spoiled)
+    before = {p.name: (p.lstat().st_mode, p.read_bytes()) for p in spoiled.iterdir()}
+    result, record = run_json(box, spoiled, box.busybox_image, ["sh", "-c", "echo ran"],
+                              tmp_path, idle=30, options=["--verbose"])
+    assert result.returncode == 0 and result.stdout == "ran\n", result.stderr
+    assert record["image_access"] == "fuse"
+    assert "sqbox: image: serving it alone: " in result.stderr, result.stderr
+    assert because in result.stderr, result.stderr
+    assert {p.name: (p.lstat().st_mode, p.read_bytes()) for p in spoiled.iterdir()} == before
+    assert shared_servers(box) == []
