@@ -69,12 +69,14 @@ ServerKey user_server_key(const std::string& cache_directory) {
     if (cache_directory.empty()) {
         throw Error("no cache directory for the image server's key: set SQBOX_CACHE_DIR or HOME");
     }
-    make_private_directory(cache_directory);
     const std::string path = cache_directory + "/" + kKeyFileName;
     UniqueFd file(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
     if (!file && errno == ENOENT) {
+        make_private_directory(cache_directory);
         make_key_file(cache_directory, path);
         file = UniqueFd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+    } else {
+        require_private_directory(cache_directory);  // else others could have put it there
     }
     if (!file) throw system_error("cannot open " + path);
     return key_of_file(file.get(), path);

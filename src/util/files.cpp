@@ -149,6 +149,10 @@ UniqueFd lock_file_within(const std::string& path, int wait_ms) {
 
 void make_private_directory(const std::string& path) {
     make_directories(path, 0700);
+    require_private_directory(path);
+}
+
+void require_private_directory(const std::string& path) {
     struct stat st {};
     if (::lstat(path.c_str(), &st) != 0) throw system_error("cannot use " + path);
     if (!S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 022) != 0) {

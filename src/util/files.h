@@ -43,6 +43,9 @@ void make_directories(const std::string& path, mode_t mode);
 // Error saying why not.
 void make_private_directory(const std::string& path);
 
+// The check of make_private_directory alone, for a directory that exists.
+void require_private_directory(const std::string& path);
+
 // Calls `visit` with each entry's name in `directory` but "." and "..", and the listing's
 // descriptor (for *at calls on the entry). Returns false, with errno set and nothing visited, when
 // the directory cannot be opened for listing.
