@@ -9,6 +9,7 @@
 #include "cli/result_json.h"
 #include "config/config_validation.h"
 #include "runtime/sandbox_user.h"
+#include "runtime/signals.h"
 #include "sqbox/sandbox.h"
 #include "util/errors.h"
 
@@ -205,8 +206,15 @@ int execute_run(const RunOptions& options) {
     // Opened first so that an unwritable path fails before anything runs.
     std::optional<JsonResultFile> json;
     if (!options.json_path.empty()) json.emplace(options.json_path);
-    RunResult result = run_sandbox(options.config);
-    if (json && !json->write(result)) {
+    bool written = true;
+    const RunResult result = run_sandbox(options.config, [&](const RunResult& ended) {
+        // The sandbox is gone (or never was): a signal for it that comes now (scancel sends
+        // SIGTERM to every process of a job, then the batch script passes its own on) has nobody
+        // to go to, and must not end sqbox before the record is written, nor change its status.
+        ignore_forwarded_signals();
+        if (json) written = json->write(ended);
+    });
+    if (!written) {
         print_error("cannot write --json " + options.json_path);
         return kExitSqboxFailure;
     }

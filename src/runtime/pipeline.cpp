@@ -50,7 +50,12 @@ namespace sqbox {
 
 // ---- the launcher: the caller's process ----
 
-RunResult run_sandbox(const SandboxConfig& config) {
+RunResult run_sandbox(const SandboxConfig& config, const ResultHandler& handle_result) {
+    // From the supervisor's start until the caller has the result: a forwarded signal that comes
+    // as the sandbox ends (scancel's SIGTERM, then the batch script's own) must not end the
+    // launcher before the caller has written the record.
+    std::optional<ScopedSignalBlock> block;
+    RunResult result;
     try {
         // 1. What needs the caller's view of the host, checked before any namespace exists.
         ImageSource image = open_image(config.image);
@@ -71,7 +76,7 @@ RunResult run_sandbox(const SandboxConfig& config) {
         if (relay.active()) ignore_sigpipe.emplace();
 
         // 5. The supervisor, in a new user and mount namespace.
-        ScopedSignalBlock block;
+        block.emplace();
         const pid_t launcher = ::getpid();
         const pid_t pid = clone_into_user_namespace(CLONE_NEWNS, "the sandbox's user namespace");
         if (pid == 0) {
@@ -103,19 +108,19 @@ RunResult run_sandbox(const SandboxConfig& config) {
             oom_killed = cgroup->oom_killed();
             cgroup->remove();
         });
-        // 8. The record.
-        RunResult result =
+        // 8. The record, handed to the caller while the forwarded signals are still held.
+        result =
             result_of(supervision, relay, config, plan, cgroup ? &*cgroup : nullptr, oom_killed);
         result.image_access = access.mode;
-        return result;
     } catch (const Error& e) {
         print_error(e.what());
-        RunResult failed;
-        failed.seccomp = config.seccomp_profile;
-        failed.exit_status = kExitSqboxFailure;
-        failed.error = e.what();
-        return failed;
+        result = RunResult{};
+        result.seccomp = config.seccomp_profile;
+        result.exit_status = kExitSqboxFailure;
+        result.error = e.what();
     }
+    if (handle_result) handle_result(result);
+    return result;
 }
 
 // ---- the supervisor: root of the sandbox's user namespace ----

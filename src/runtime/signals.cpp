@@ -1,5 +1,7 @@
 #include "runtime/signals.h"
 
+#include <algorithm>
+#include <array>
 #include <cerrno>
 #include <ctime>
 
@@ -7,14 +9,20 @@
 
 namespace sqbox {
 
+namespace {
+constexpr std::array kForwardedSignals{SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+}  // namespace
+
 bool is_forwarded_signal(int sig) {
-    return sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGQUIT;
+    return std::find(kForwardedSignals.begin(), kForwardedSignals.end(), sig) !=
+           kForwardedSignals.end();
 }
 
 sigset_t pipeline_signals() {
     sigset_t set;
     sigemptyset(&set);
-    for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&set, sig);
+    sigaddset(&set, SIGCHLD);
+    for (int sig : kForwardedSignals) sigaddset(&set, sig);
     return set;
 }
 
@@ -44,6 +52,15 @@ std::optional<siginfo_t> wait_for_signal(std::optional<long> timeout_ms, int als
         if (errno == EAGAIN) return std::nullopt;
         if (errno != EINTR) throw system_error("waiting for signals");
     }
+}
+
+void ignore_forwarded_signals() {
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    // Setting SIG_IGN also drops a pending one, blocked or not (POSIX, sigaction). It cannot fail
+    // for these signals (EINVAL is for SIGKILL, SIGSTOP and numbers out of range).
+    for (int sig : kForwardedSignals) (void)::sigaction(sig, &ignore, nullptr);
 }
 
 void reset_signal_handling() {

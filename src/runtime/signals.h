@@ -31,6 +31,10 @@ class ScopedSignalBlock {
 // timeout in milliseconds, returns nullopt when it expires. EINTR is retried.
 std::optional<siginfo_t> wait_for_signal(std::optional<long> timeout_ms, int also = 0);
 
+// The forwarded signals ignored from now on, and any pending one dropped: for a launcher whose
+// sandbox is gone and which only has its result left to give.
+void ignore_forwarded_signals();
+
 // Every handler back to the default and nothing blocked: for a process that leaves the pipeline
 // (the payload, the shared image server), whose signals are its own. Throws Error.
 void reset_signal_handling();

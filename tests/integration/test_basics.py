@@ -170,6 +170,30 @@ def test_signals_are_forwarded_to_the_payload(sqbox, python_image):
         assert proc.returncode == 7
 
 
+def test_a_sigterm_as_the_sandbox_ends_leaves_the_record_and_the_status(sqbox_bin, busybox_image,
+                                                                        tmp_path):
+    """scancel under proctrack/linuxproc sends SIGTERM to every process of a job, then the batch
+    script's trap passes one more on to each sqbox: the second may come just as the sandbox has
+    ended. Until the record is written, sqbox holds such a signal as it holds it while the
+    sandbox runs; nothing is left to pass it on to, so sqbox ends as the sandbox did, record and
+    all. A steady stream of SIGTERMs, from the payload's start to sqbox's end, hits that moment
+    in some of the runs."""
+    record_path = tmp_path / "r.json"
+    for attempt in range(20):
+        proc = subprocess.Popen([sqbox_bin, "run", "--json", str(record_path), busybox_image,
+                                 "--", "sh", "-c", "echo ready; exec sleep 1000"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout.readline() == "ready\n"
+        while proc.poll() is None:  # reaped only here: the pid stays sqbox's until then
+            proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+        text = record_path.read_text()
+        assert text, f"attempt {attempt}: no record; sqbox ended with {proc.returncode}, {err!r}"
+        record = json.loads(text)
+        assert record["signal"] == signal.SIGTERM and record["exit_code"] == 143, record
+        assert proc.returncode == 143, (attempt, err)
+
+
 def test_orphans_die_with_the_payload(sqbox, busybox_image):
     start = time.monotonic()
     result = sqbox.run(busybox_image, "sh", "-c",
