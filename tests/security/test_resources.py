@@ -234,7 +234,9 @@ def test_root_tmp_and_shm_share_one_budget(box):
 def test_tmpfs_writes_count_against_the_memory_cgroup(box, tmp_path):
     """With a cgroup, the sandbox's tmpfs pages are charged to it: a budget larger than --memory
     still cannot hold more than the memory limit. The writer is what the OOM killer ends (not
-    sqbox's init: the run ends normally, with oom_killed in the record)."""
+    sqbox's init: the run ends normally, with oom_killed in the record). Tmpfs pages count toward
+    no process's size, so each writer asks to be the OOM killer's first choice: else it could pick
+    the shell, as small as the writer, between truncating a count and writing it."""
     out = tmp_path / "out"
     out.mkdir()
     os.chmod(out, 0o777)
@@ -242,7 +244,8 @@ def test_tmpfs_writes_count_against_the_memory_cgroup(box, tmp_path):
     result = box.sh("""
         for area in /tmp /dev/shm /; do
             i=0
-            while dd if=/dev/zero of=$area/fill$i bs=1M count=1 2>/dev/null; do
+            while sh -c 'echo 1000 > /proc/self/oom_score_adj &&
+                         exec dd if=/dev/zero of="$0" bs=1M count=1 2>/dev/null' $area/fill$i; do
                 i=$((i + 1)); echo $i > /out/$(echo $area | tr / _)
                 [ $i -lt 512 ] || break
             done
