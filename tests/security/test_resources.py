@@ -274,7 +274,7 @@ def test_an_endless_print_loop_reaches_a_capturing_harness_bounded(box, tmp_path
     os.chmod(out, 0o777)
     record = tmp_path / "r.json"
     script = (
-        "import sys\n"
+        "import os, sys\n"
         "line = 'x' * 1023 + '\\n'\n"
         "written = 0\n"
         "while True:\n"
@@ -282,7 +282,9 @@ def test_an_endless_print_loop_reaches_a_capturing_harness_bounded(box, tmp_path
         "    print(line, end='', file=sys.stderr)\n"
         "    written += 1024\n"
         "    if written % (1 << 22) == 0:\n"
-        "        open('/out/written', 'w').write(str(written))\n")
+        # Whole or not at all: the timeout's SIGKILL may come between a truncate and a write.
+        "        open('/out/written.new', 'w').write(str(written))\n"
+        "        os.replace('/out/written.new', '/out/written')\n")
     start = time.monotonic()
     result = subprocess.run(
         box.argv(box.python_image, ["python3", "-c", script, box.marker],
