@@ -91,7 +91,7 @@ ServerKey read_server_key(int fd) {
 }
 
 std::string server_key_tag(const ServerKey& key) {
-    const ServerKey tag = key_proof(key, ProofRole::kServer, "the server's name", {}, {});
+    const ServerKey tag = key_proof(key, ProofRole::kServer, "the server's name", 0, {}, {});
     std::string hex;
     char digits[3];
     for (size_t i = 0; i < 8; ++i) {
@@ -101,7 +101,7 @@ std::string server_key_tag(const ServerKey& key) {
     return hex;
 }
 
-ServerKey key_proof(const ServerKey& key, ProofRole role, std::string_view identity,
+ServerKey key_proof(const ServerKey& key, ProofRole role, std::string_view identity, pid_t launcher,
                     std::string_view challenge, std::string_view own) {
     hmac_sha256_ctx context{};
     hmac_sha256_set_key(&context, key.size(), key.data());
@@ -114,6 +114,7 @@ ServerKey key_proof(const ServerKey& key, ProofRole role, std::string_view ident
     };
     add(role == ProofRole::kLauncher ? "sqbox launcher" : "sqbox image server");
     add(identity);
+    add(std::to_string(launcher));
     add(challenge);
     add(own);
     ServerKey proof{};
@@ -122,8 +123,9 @@ ServerKey key_proof(const ServerKey& key, ProofRole role, std::string_view ident
 }
 
 bool is_key_proof(std::string_view proof, const ServerKey& key, ProofRole role,
-                  std::string_view identity, std::string_view challenge, std::string_view own) {
-    const ServerKey expected = key_proof(key, role, identity, challenge, own);
+                  std::string_view identity, pid_t launcher, std::string_view challenge,
+                  std::string_view own) {
+    const ServerKey expected = key_proof(key, role, identity, launcher, challenge, own);
     return proof.size() == expected.size() &&
            memeql_sec(proof.data(), expected.data(), expected.size()) != 0;
 }
