@@ -531,10 +531,13 @@ void stop_flushes(const std::string& image_dir) {
 }
 
 // The server's process: in a user and mount namespace of its own, it mounts the image, forks the
-// confined image server (as a sandbox's supervisor does), and hands out copies of the mount.
+// confined image server (as a sandbox's supervisor does), and hands out copies of the mount. It
+// reads the user's key from `key_fd` only after that fork: the image server parses images that
+// may be hostile, and one that took it over could serve what its memory holds to its sandboxes.
 [[noreturn]] void run_shared_server(const ImageSource& image, const UniqueFd& listener,
-                                    const std::string& identity, const ServerKey& key,
-                                    const IdMapping& ids, std::chrono::seconds idle) {
+                                    UniqueFd key_fd, const std::string& socket_name,
+                                    const std::string& identity, const IdMapping& ids,
+                                    std::chrono::seconds idle) {
     std::string why = "did not start";
     try {
         (void)::prctl(PR_SET_NAME, "sqbox-image");
@@ -545,9 +548,16 @@ void stop_flushes(const std::string& image_dir) {
         if (!fuse) throw system_error("cannot open /dev/fuse");
         enter_scratch_root();
         mount_image(image, fuse.get(), ids, FuseUsers::kMountersIds);
-        ChildProcess server = start_image_server(image, fuse.get(), ids, {listener.get()}, nullptr,
-                                                 FileOpens::kWithoutMessages);
+        ChildProcess server =
+            start_image_server(image, fuse.get(), ids, {listener.get(), key_fd.get()}, nullptr,
+                               FileOpens::kWithoutMessages);
         fuse.reset();  // the server's now
+        const ServerKey key = read_server_key(key_fd.get());
+        key_fd.reset();
+        // The name its command line shows is the one it serves: ps and the tests find it by that.
+        if (socket_name != "@" + server_name(identity, key)) {
+            throw Error("the image server's name " + socket_name + " is not its image's");
+        }
         stop_flushes(kImageDir);
         serve_launchers(listener.get(), server, identity, key, idle);
         why.clear();
@@ -676,21 +686,14 @@ int serve_shared_image(const std::string& socket_name, unsigned idle_seconds) {
     require_distinguishable_uid();  // else answer_request would take every other user for its own
     const UniqueFd listener(kListenerFd);
     const UniqueFd image_fd(kImageFd);
-    ServerKey key{};
-    {
-        const UniqueFd key_fd(kKeyFd);
-        key = read_server_key(key_fd.get());
-    }
+    UniqueFd key_fd(kKeyFd);  // read by the server's process, after it has forked the parser
     const ImageSource image = open_image("/proc/self/fd/" + std::to_string(kImageFd));
     const std::string identity = image_identity(image, idle_seconds);
-    // The name its command line shows is the one it serves: ps and the tests find it by that.
-    if (socket_name != "@" + server_name(identity, key)) {
-        throw Error("the image server's name " + socket_name + " is not its image's");
-    }
     // The caller's ids as they are: the mount's owner is the caller's uid in every namespace.
     const IdMapping ids{::getuid(), ::getgid(), ::getuid(), ::getgid()};
     if (clone_into_user_namespace(CLONE_NEWNS, "the shared image server") == 0) {
-        run_shared_server(image, listener, identity, key, ids, std::chrono::seconds(idle_seconds));
+        run_shared_server(image, listener, std::move(key_fd), socket_name, identity, ids,
+                          std::chrono::seconds(idle_seconds));
     }
     return 0;
 }

@@ -1408,3 +1408,37 @@ def test_a_descriptor_whose_close_never_returns_stalls_neither_end(box, cache, t
     finally:
         os.killpg(asker.pid, signal.SIGKILL)
         asker.communicate()
+
+
+def memory_holds(pid, data):
+    """Whether any readable mapping of `pid` holds `data` (read through /proc/PID/mem)."""
+    with open(f"/proc/{pid}/mem", "rb", buffering=0) as memory:
+        for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+            fields = line.split()
+            if "r" not in fields[1] or fields[-1] in ("[vvar]", "[vsyscall]", "[vvar_vclock]"):
+                continue
+            start, end = (int(address, 16) for address in fields[0].split("-"))
+            try:
+                memory.seek(start)
+                if data in memory.read(end - start):
+                    return True
+            except OSError:
+                continue  # a mapping nothing backs any more
+    return False
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to read the confined parser's memory")
+def test_the_shared_servers_parser_holds_no_copy_of_the_users_key(box, cache, tmp_path):
+    """The shared server's parser reads images that may be hostile: one that took it over could
+    serve whatever its memory holds as a file of the image to the payloads of its sandboxes,
+    which can print it. The user's key must not be there (the server reads it only after it has
+    forked the parser); the server, which checks proofs with it, holds it."""
+    result, record = run_json(box, cache, box.busybox_image, ["true"], tmp_path, idle=30)
+    assert result.returncode == 0 and record["image_access"] == "shared", result.stderr
+    [(server, [parser])] = shared_servers(box)
+    try:
+        assert memory_holds(server, TEST_KEY)  # the search finds the key where it is
+        assert not memory_holds(parser, TEST_KEY)
+    finally:
+        os.kill(server, signal.SIGTERM)
+        wait_for(lambda: not Path(f"/proc/{parser}").exists(), 10)
