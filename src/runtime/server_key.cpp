@@ -9,7 +9,9 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 
 #include "util/errors.h"
 #include "util/files.h"
@@ -69,11 +71,17 @@ ServerKey user_server_key(const std::string& cache_directory) {
     if (cache_directory.empty()) {
         throw Error("no cache directory for the image server's key: set SQBOX_CACHE_DIR or HOME");
     }
-    make_private_directory(cache_directory);
-    const std::string path = cache_directory + "/" + kKeyFileName;
+    // A cache directory that is a symlink (to a larger file system, say) is checked, and used, as
+    // the directory it leads to: whoever could change the link could change a directory on the
+    // way to it as well.
+    const std::unique_ptr<char, decltype(&std::free)> resolved(
+        ::realpath(cache_directory.c_str(), nullptr), &std::free);
+    const std::string directory = resolved ? std::string(resolved.get()) : cache_directory;
+    make_private_directory(directory);
+    const std::string path = directory + "/" + kKeyFileName;
     UniqueFd file(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
     if (!file && errno == ENOENT) {
-        make_key_file(cache_directory, path);
+        make_key_file(directory, path);
         file = UniqueFd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
     }
     if (!file) throw system_error("cannot open " + path);

@@ -1130,6 +1130,34 @@ def test_the_users_key_is_made_once_private_and_kept(box, tmp_path):
         end_servers_named(names)
 
 
+def test_a_cache_directory_linked_to_a_private_one_shares_its_key(box, tmp_path):
+    """~/.cache/sqbox as a symlink to a directory elsewhere (a larger file system) that is the
+    user's alone: the key is made there and the runs share their server, as with the directory
+    itself; a link to a directory others can write is refused as that directory would be."""
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o700)
+    link = tmp_path / "linked-cache"
+    link.symlink_to(target)
+    names = set()
+    try:
+        result, record = run_json(box, link, box.busybox_image, ["true"], tmp_path, idle=30,
+                                  options=["--verbose"])
+        assert record["image_access"] == "shared", result.stderr
+        key = (target / KEY_FILE).read_bytes()
+        names = {server_name(box.busybox_image, box.binary, 30, key=key)}
+        assert len(_image_servers(names)) == 1
+        result, record = run_json(box, link, box.busybox_image, ["true"], tmp_path, idle=30)
+        assert record["image_access"] == "shared", result.stderr
+        assert len(_image_servers(names)) == 1
+    finally:
+        end_servers_named(names)
+    target.chmod(0o777)
+    result, record = run_json(box, link, box.busybox_image, ["true"], tmp_path, idle=30,
+                              options=["--verbose"])
+    assert record["image_access"] == "fuse"
+    assert "must be a directory of yours that no one else can write" in result.stderr
+
+
 def _readable_key(cache_dir):
     write_key(cache_dir).chmod(0o644)
 
