@@ -9,7 +9,9 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 
 #include "util/errors.h"
 #include "util/files.h"
@@ -69,14 +71,20 @@ ServerKey user_server_key(const std::string& cache_directory) {
     if (cache_directory.empty()) {
         throw Error("no cache directory for the image server's key: set SQBOX_CACHE_DIR or HOME");
     }
-    const std::string path = cache_directory + "/" + kKeyFileName;
+    // A cache directory that is a symlink (to a larger file system, say) is checked, and used, as
+    // the directory it leads to: whoever could change the link could change a directory on the
+    // way to it as well.
+    const std::unique_ptr<char, decltype(&std::free)> resolved(
+        ::realpath(cache_directory.c_str(), nullptr), &std::free);
+    const std::string directory = resolved ? std::string(resolved.get()) : cache_directory;
+    const std::string path = directory + "/" + kKeyFileName;
     UniqueFd file(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
     if (!file && errno == ENOENT) {
-        make_private_directory(cache_directory);
-        make_key_file(cache_directory, path);
+        make_private_directory(directory);
+        make_key_file(directory, path);
         file = UniqueFd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
     } else {
-        require_private_directory(cache_directory);  // else others could have put it there
+        require_private_directory(directory);  // else others could have put it there
     }
     if (!file) throw system_error("cannot open " + path);
     return key_of_file(file.get(), path);
@@ -93,7 +101,7 @@ ServerKey read_server_key(int fd) {
 }
 
 std::string server_key_tag(const ServerKey& key) {
-    const ServerKey tag = key_proof(key, ProofRole::kServer, "the server's name", {}, {});
+    const ServerKey tag = key_proof(key, ProofRole::kServer, "the server's name", 0, {}, {});
     std::string hex;
     char digits[3];
     for (size_t i = 0; i < 8; ++i) {
@@ -103,7 +111,7 @@ std::string server_key_tag(const ServerKey& key) {
     return hex;
 }
 
-ServerKey key_proof(const ServerKey& key, ProofRole role, std::string_view identity,
+ServerKey key_proof(const ServerKey& key, ProofRole role, std::string_view identity, pid_t launcher,
                     std::string_view challenge, std::string_view own) {
     hmac_sha256_ctx context{};
     hmac_sha256_set_key(&context, key.size(), key.data());
@@ -116,6 +124,7 @@ ServerKey key_proof(const ServerKey& key, ProofRole role, std::string_view ident
     };
     add(role == ProofRole::kLauncher ? "sqbox launcher" : "sqbox image server");
     add(identity);
+    add(std::to_string(launcher));
     add(challenge);
     add(own);
     ServerKey proof{};
@@ -124,8 +133,9 @@ ServerKey key_proof(const ServerKey& key, ProofRole role, std::string_view ident
 }
 
 bool is_key_proof(std::string_view proof, const ServerKey& key, ProofRole role,
-                  std::string_view identity, std::string_view challenge, std::string_view own) {
-    const ServerKey expected = key_proof(key, role, identity, challenge, own);
+                  std::string_view identity, pid_t launcher, std::string_view challenge,
+                  std::string_view own) {
+    const ServerKey expected = key_proof(key, role, identity, launcher, challenge, own);
     return proof.size() == expected.size() &&
            memeql_sec(proof.data(), expected.data(), expected.size()) != 0;
 }

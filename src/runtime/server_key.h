@@ -5,6 +5,8 @@
 // read the caller's files. SECURITY.md, "The shared image server", argues it.
 #pragma once
 
+#include <sys/types.h>
+
 #include <array>
 #include <string>
 #include <string_view>
@@ -32,13 +34,18 @@ std::string server_key_tag(const ServerKey& key);
 // Who proves: the answer of each end differs, so neither can pass the other's off as its own.
 enum class ProofRole { kLauncher, kServer };
 
-// The proof that the sender holds `key`, for a server of `identity`: an HMAC-SHA256 of the role,
-// the identity and both ends' challenges (`challenge` is the peer's, `own` the sender's).
-ServerKey key_proof(const ServerKey& key, ProofRole role, std::string_view identity,
+// The proof that the sender holds `key`, for a server of `identity` and the launcher of pid
+// `launcher` (the one that connected to the server, as both ends' common pid namespace numbers
+// it): an HMAC-SHA256 of the role, the identity, the launcher's pid and both ends' challenges
+// (`challenge` is the peer's, `own` the sender's). The pid binds both proofs to the one
+// connection between that launcher and the server: a process between them, passing each one's
+// messages to the other, connects to the server as itself, and neither end takes the proofs.
+ServerKey key_proof(const ServerKey& key, ProofRole role, std::string_view identity, pid_t launcher,
                     std::string_view challenge, std::string_view own);
 
 // `proof` is key_proof's answer for these, compared in constant time.
 bool is_key_proof(std::string_view proof, const ServerKey& key, ProofRole role,
-                  std::string_view identity, std::string_view challenge, std::string_view own);
+                  std::string_view identity, pid_t launcher, std::string_view challenge,
+                  std::string_view own);
 
 }  // namespace sqbox

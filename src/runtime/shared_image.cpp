@@ -51,7 +51,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// How long a launcher waits for the server's answer: a server just started mounts first.
+// How long a launcher waits for the server's answers (its challenge, then the mount), all told:
+// a server just started mounts first.
 constexpr int kAnswerWaitMs = 10000;
 // How long the server waits for a connected launcher's request before dropping it.
 constexpr int kRequestWaitMs = 1000;
@@ -246,13 +247,15 @@ std::optional<MountAnswer> statfs_within(Ask ask) {
     return answer.get();
 }
 
-// The server's next message on `connection`: nullopt if it is ending (the launcher asks again);
-// throws Error if it refused, or said nothing in time.
-std::optional<FdMessage> server_message(int connection) {
-    if (!wait_readable(connection, kAnswerWaitMs)) {
+// The server's next message on `connection`, its descriptors dropped (or with `peek`, left to
+// be received once the message has proven who sent it): nullopt if it is ending (the launcher
+// asks again); throws Error if it refused, or said nothing by `deadline`.
+std::optional<FdMessage> server_message(int connection, bool peek, Clock::time_point deadline) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+    if (!wait_readable(connection, static_cast<int>(std::max<long long>(0, left.count())))) {
         throw Error("the shared image server did not answer in time");
     }
-    std::optional<FdMessage> message = receive_fd_message(connection);
+    std::optional<FdMessage> message = receive_message_without_fds(connection, peek);
     if (!message) throw Error("the shared image server hung up");
     if (message->tag == MessageTag::kFailed && message->text == kServerEnding) return std::nullopt;
     if (message->tag == MessageTag::kFailed) {
@@ -263,37 +266,45 @@ std::optional<FdMessage> server_message(int connection) {
 
 // Asks the server on `connection` for a copy of its mount: nullopt if the server is ending (the
 // launcher asks again); throws Error saying why not otherwise. Each end proves it holds the
-// user's key (server_key.h) before the other trusts it: the server answers only a launcher that
-// did, and a mount is used only from a server that did.
+// user's key (server_key.h) for this launcher's connection before the other trusts it: the
+// server answers only a launcher that did, and a mount is taken only from a server that did (no
+// descriptor before: closing one that another container sent could wait for good).
 std::optional<SharedImage> request_mount(UniqueFd connection, const std::string& identity,
-                                         const ServerKey& key) {
-    const std::optional<FdMessage> challenge = server_message(connection.get());
+                                         const ServerKey& key, Clock::time_point deadline) {
+    const std::optional<FdMessage> challenge = server_message(connection.get(), false, deadline);
     if (!challenge) return std::nullopt;
-    if (challenge->tag != MessageTag::kChallenge || challenge->text.size() != kServerKeyBytes ||
-        !challenge->fds.empty()) {
+    if (challenge->tag != MessageTag::kChallenge || challenge->text.size() != kServerKeyBytes) {
         throw Error("unexpected greeting from the shared image server");
     }
+    const pid_t self = ::getpid();  // the server sees the connection's pid, this one
     const ServerKey own = random_key_bytes();
     const std::string_view own_text(reinterpret_cast<const char*>(own.data()), own.size());
     const ServerKey proof =
-        key_proof(key, ProofRole::kLauncher, identity, challenge->text, own_text);
+        key_proof(key, ProofRole::kLauncher, identity, self, challenge->text, own_text);
     std::string request(own_text);
     request.append(reinterpret_cast<const char*>(proof.data()), proof.size());
     request += identity;
     send_fd_message(connection.get(), MessageTag::kImageMount, request, {},
                     "the request to the shared image server");
-    std::optional<FdMessage> answer = server_message(connection.get());
+    const std::optional<FdMessage> answer = server_message(connection.get(), true, deadline);
     if (!answer) return std::nullopt;
-    if (answer->tag != MessageTag::kImageMount || answer->fds.size() != 1) {
+    if (answer->tag != MessageTag::kImageMount) {
         throw Error("unexpected answer from the shared image server");
     }
-    if (!is_key_proof(answer->text, key, ProofRole::kServer, identity, own_text, challenge->text)) {
-        throw Error("the socket on its name proved no key of yours (another container's?)");
+    if (!is_key_proof(answer->text, key, ProofRole::kServer, identity, self, own_text,
+                      challenge->text)) {
+        throw Error(
+            "the socket on its name proved no key of yours for this connection (another "
+            "container's?)");
+    }
+    std::optional<FdMessage> proven = receive_fd_message(connection.get());
+    if (!proven || proven->fds.size() != 1) {
+        throw Error("unexpected answer from the shared image server");
     }
     // What the server sent must be a FUSE mount, and that mount's server must answer: the
     // supervisor would wait on a stalled one (a parser spinning on a hostile image) before the
     // sandbox's timeout counts.
-    UniqueFd mount = std::move(answer->fds[0]);
+    UniqueFd mount = std::move(proven->fds[0]);
     UniqueFd probed(::fcntl(mount.get(), F_DUPFD_CLOEXEC, 0));
     if (!probed) throw system_error("dup of the shared image mount");
     const std::optional<MountAnswer> probe = statfs_within(
@@ -337,25 +348,22 @@ void refuse_waiting_launchers(int listener, const std::string& why) {
     }
 }
 
-// The connected launcher runs as this server's user, in this server's pid namespace or one
-// below it (pid 0: one it cannot see, another container's).
-bool same_user(int connection) {
-    const ucred peer = peer_of(connection);
-    return peer.uid == ::getuid() && in_sight(peer);
-}
-
-// One launcher's request: its image identity must be this server's, and it must prove it holds
-// the user's key for this server's challenge; the answer is a fresh detached copy of the image's
+// One launcher's request: it must run as this server's user, in this server's pid namespace or
+// one below it (pid 0: one it cannot see, another container's), its image identity must be this
+// server's, and it must prove it holds the user's key for this server's challenge and its own pid
+// (as the kernel recorded it at its connect); the answer is a fresh detached copy of the image's
 // mount, which is the launcher's to attach, with this server's proof.
 bool answer_request(int connection, const std::string& identity, const ServerKey& key) {
-    if (!same_user(connection)) return false;
+    const ucred peer = peer_of(connection);
+    if (peer.uid != ::getuid() || !in_sight(peer)) return false;
     const ServerKey challenge = random_key_bytes();
     const std::string_view challenge_text(reinterpret_cast<const char*>(challenge.data()),
                                           challenge.size());
     send_fd_message(connection, MessageTag::kChallenge, std::string(challenge_text), {},
                     "the challenge");
     if (!wait_readable(connection, kRequestWaitMs)) return false;
-    std::optional<FdMessage> request = receive_fd_message(connection);
+    // Its descriptors dropped unread: a close() of one could hold this server for good.
+    std::optional<FdMessage> request = receive_message_without_fds(connection);
     if (!request || request->tag != MessageTag::kImageMount ||
         request->text.size() < 2 * kServerKeyBytes) {
         return false;
@@ -367,13 +375,16 @@ bool answer_request(int connection, const std::string& identity, const ServerKey
         send_fd_message(connection, MessageTag::kFailed, "serves another image", {}, "a refusal");
         return false;
     }
-    if (!is_key_proof(proof, key, ProofRole::kLauncher, identity, challenge_text, launchers)) {
-        send_fd_message(connection, MessageTag::kFailed, "no proof of the user's key", {},
-                        "a refusal");
+    if (!is_key_proof(proof, key, ProofRole::kLauncher, identity, peer.pid, challenge_text,
+                      launchers)) {
+        send_fd_message(connection, MessageTag::kFailed,
+                        "no proof of the user's key from the process that connected (pid " +
+                            std::to_string(peer.pid) + " in the server's pid namespace)",
+                        {}, "a refusal");
         return false;
     }
     const ServerKey own_proof =
-        key_proof(key, ProofRole::kServer, identity, launchers, challenge_text);
+        key_proof(key, ProofRole::kServer, identity, peer.pid, launchers, challenge_text);
     UniqueFd copy = clone_mount_tree(AT_FDCWD, kImageDir, false, "the shared image mount");
     send_fd_message(connection, MessageTag::kImageMount,
                     std::string(reinterpret_cast<const char*>(own_proof.data()), own_proof.size()),
@@ -520,10 +531,13 @@ void stop_flushes(const std::string& image_dir) {
 }
 
 // The server's process: in a user and mount namespace of its own, it mounts the image, forks the
-// confined image server (as a sandbox's supervisor does), and hands out copies of the mount.
+// confined image server (as a sandbox's supervisor does), and hands out copies of the mount. It
+// reads the user's key from `key_fd` only after that fork: the image server parses images that
+// may be hostile, and one that took it over could serve what its memory holds to its sandboxes.
 [[noreturn]] void run_shared_server(const ImageSource& image, const UniqueFd& listener,
-                                    const std::string& identity, const ServerKey& key,
-                                    const IdMapping& ids, std::chrono::seconds idle) {
+                                    UniqueFd key_fd, const std::string& socket_name,
+                                    const std::string& identity, const IdMapping& ids,
+                                    std::chrono::seconds idle) {
     std::string why = "did not start";
     try {
         (void)::prctl(PR_SET_NAME, "sqbox-image");
@@ -534,9 +548,16 @@ void stop_flushes(const std::string& image_dir) {
         if (!fuse) throw system_error("cannot open /dev/fuse");
         enter_scratch_root();
         mount_image(image, fuse.get(), ids, FuseUsers::kMountersIds);
-        ChildProcess server = start_image_server(image, fuse.get(), ids, {listener.get()}, nullptr,
-                                                 FileOpens::kWithoutMessages);
+        ChildProcess server =
+            start_image_server(image, fuse.get(), ids, {listener.get(), key_fd.get()}, nullptr,
+                               FileOpens::kWithoutMessages);
         fuse.reset();  // the server's now
+        const ServerKey key = read_server_key(key_fd.get());
+        key_fd.reset();
+        // The name its command line shows is the one it serves: ps and the tests find it by that.
+        if (socket_name != "@" + server_name(identity, key)) {
+            throw Error("the image server's name " + socket_name + " is not its image's");
+        }
         stop_flushes(kImageDir);
         serve_launchers(listener.get(), server, identity, key, idle);
         why.clear();
@@ -636,7 +657,7 @@ SharedImage share_from(const ImageSource& image, const SandboxConfig& config) {
         if (UniqueFd connection = connect_to_server(name)) {
             require_own_server(connection.get(), name);
             if (std::optional<SharedImage> shared =
-                    request_mount(std::move(connection), identity, key)) {
+                    request_mount(std::move(connection), identity, key, deadline)) {
                 return std::move(*shared);
             }
             // That server was ending: its name is free again in a moment.
@@ -644,7 +665,8 @@ SharedImage share_from(const ImageSource& image, const SandboxConfig& config) {
             UniqueFd started_server = connect_to_server(name);
             if (!started_server) throw Error("the shared image server did not start");
             if (std::optional<SharedImage> shared =
-                    request_mount(std::move(started_server), identity, key)) {
+                    request_mount(std::move(started_server), identity, key,
+                                  Clock::now() + std::chrono::milliseconds(kAnswerWaitMs))) {
                 return std::move(*shared);
             }
             throw Error("the shared image server it started ended at once");
@@ -661,24 +683,17 @@ SharedImage share_from(const ImageSource& image, const SandboxConfig& config) {
 }  // namespace
 
 int serve_shared_image(const std::string& socket_name, unsigned idle_seconds) {
-    require_distinguishable_uid();  // else same_user would take every other user for its own
+    require_distinguishable_uid();  // else answer_request would take every other user for its own
     const UniqueFd listener(kListenerFd);
     const UniqueFd image_fd(kImageFd);
-    ServerKey key{};
-    {
-        const UniqueFd key_fd(kKeyFd);
-        key = read_server_key(key_fd.get());
-    }
+    UniqueFd key_fd(kKeyFd);  // read by the server's process, after it has forked the parser
     const ImageSource image = open_image("/proc/self/fd/" + std::to_string(kImageFd));
     const std::string identity = image_identity(image, idle_seconds);
-    // The name its command line shows is the one it serves: ps and the tests find it by that.
-    if (socket_name != "@" + server_name(identity, key)) {
-        throw Error("the image server's name " + socket_name + " is not its image's");
-    }
     // The caller's ids as they are: the mount's owner is the caller's uid in every namespace.
     const IdMapping ids{::getuid(), ::getgid(), ::getuid(), ::getgid()};
     if (clone_into_user_namespace(CLONE_NEWNS, "the shared image server") == 0) {
-        run_shared_server(image, listener, identity, key, ids, std::chrono::seconds(idle_seconds));
+        run_shared_server(image, listener, std::move(key_fd), socket_name, identity, ids,
+                          std::chrono::seconds(idle_seconds));
     }
     return 0;
 }

@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 
+#include <cerrno>
 #include <cstring>
 #include <memory>
 
@@ -76,6 +77,23 @@ std::optional<FdMessage> receive_fd_message(int socket_fd) {
             received.fds.emplace_back(fd);
         }
     }
+    return received;
+}
+
+std::optional<FdMessage> receive_message_without_fds(int socket_fd, bool peek) {
+    const auto data = std::make_unique_for_overwrite<char[]>(1 + kMaxText);
+    iovec vector{data.get(), 1 + kMaxText};
+    msghdr message{};  // no room for descriptors: any sent are dropped, never installed here
+    message.msg_iov = &vector;
+    message.msg_iovlen = 1;
+    ssize_t n = -1;
+    do {
+        n = ::recvmsg(socket_fd, &message, MSG_CMSG_CLOEXEC | (peek ? MSG_PEEK : 0));
+    } while (n < 0 && errno == EINTR);
+    if (n <= 0) return std::nullopt;
+    FdMessage received;
+    received.tag = static_cast<MessageTag>(data[0]);
+    received.text.assign(data.get() + 1, static_cast<size_t>(n) - 1);
     return received;
 }
 

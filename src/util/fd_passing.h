@@ -48,4 +48,11 @@ void send_fd_message(int socket_fd, MessageTag tag, std::string_view text,
 // Receives one message (received descriptors are close-on-exec); nullopt when the peer has gone.
 std::optional<FdMessage> receive_fd_message(int socket_fd);
 
+// Receives one message from a peer not yet trusted, or with `peek` looks at it and leaves it
+// for the next receive: its tag and text, never its descriptors, which the kernel drops as it
+// delivers the message. A close() of a descriptor it sent could wait for good, deaf to SIGKILL
+// (a file of a FUSE mount whose server never answers the FLUSH that close sends); the kernel's
+// drop sends no FLUSH and waits for nothing.
+std::optional<FdMessage> receive_message_without_fds(int socket_fd, bool peek = false);
+
 }  // namespace sqbox

@@ -63,19 +63,24 @@ def write_key(directory, key=TEST_KEY, user=None):
 
 # runtime/server_key.cpp's key_proof, for the tests' own launchers, servers and attackers.
 KEY_PROOF = r"""
-import hashlib, hmac
-def key_proof(key, role, identity, challenge, own):
+import hashlib, hmac, os
+def key_proof(key, role, identity, launcher_pid, challenge, own):
     parts = [b"sqbox launcher" if role == "launcher" else b"sqbox image server", identity,
-             challenge, own]
+             str(launcher_pid).encode(), challenge, own]
     message = b"".join(str(len(part)).encode() + b":" + part for part in parts)
     return hmac.new(key, message, hashlib.sha256).digest()
+
+def pid_outside():
+    # This process's pid as the server sees it: in a container of OTHER_CONTAINER's kind, /proc
+    # is still the host's (an attacker's own server, started outside, numbers it so).
+    return int(os.readlink("/proc/self"))
 """
 exec(KEY_PROOF)
 
 
 def key_tag(key):
     """server_key_tag: a public tag of the key, in the server's name."""
-    return key_proof(key, "server", b"the server's name", b"", b"")[:8].hex()
+    return key_proof(key, "server", b"the server's name", 0, b"", b"")[:8].hex()
 
 
 def image_identity(image, binary, idle, cgroups=None):
@@ -394,7 +399,7 @@ try:
     challenge = s.recv(4096)
     if challenge[:1] == b"n":
         own = os.urandom(32)
-        proof = key_proof(key, "launcher", identity, challenge[1:], own)
+        proof = key_proof(key, "launcher", identity, pid_outside(), challenge[1:], own)
         s.sendall(b"m" + own + proof + identity)
         _, fds, _, _ = socket.recv_fds(s, 4096, 4)
 except OSError:
@@ -903,7 +908,7 @@ def test_a_shared_parser_killed_while_its_first_sandbox_reads_always_ends(box, c
 # of its own for another image (the attacker's), which it gets with its own key. Its proof to the
 # launcher is made with the caller's key if it is given one, else with its own.
 RELAY = KEY_PROOF + r"""
-import os, socket, sys
+import os, socket, struct, sys
 victim_name, own_name, own_identity = (a.encode() for a in sys.argv[1:4])
 own_key, victims_key = bytes.fromhex(sys.argv[4]), bytes.fromhex(sys.argv[5])
 listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -924,10 +929,13 @@ while True:
         own.connect(b"\0" + own_name)
         servers = own.recv(4096)[1:]
         mine = os.urandom(32)
-        own.sendall(b"m" + mine + key_proof(own_key, "launcher", own_identity, servers, mine)
-                    + own_identity)
+        own.sendall(b"m" + mine + key_proof(own_key, "launcher", own_identity, pid_outside(),
+                                            servers, mine) + own_identity)
         _, fds, _, _ = socket.recv_fds(own, 4096, 4)
-        proof = key_proof(victims_key or own_key, "server", identity, launchers, challenge)
+        launcher_pid = struct.unpack("3i", connection.getsockopt(
+            socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+        proof = key_proof(victims_key or own_key, "server", identity, launcher_pid, launchers,
+                          challenge)
         socket.send_fds(connection, [b"m" + proof], fds)
         kept += [connection, own]
     except OSError as e:
@@ -1122,6 +1130,34 @@ def test_the_users_key_is_made_once_private_and_kept(box, tmp_path):
         end_servers_named(names)
 
 
+def test_a_cache_directory_linked_to_a_private_one_shares_its_key(box, tmp_path):
+    """~/.cache/sqbox as a symlink to a directory elsewhere (a larger file system) that is the
+    user's alone: the key is made there and the runs share their server, as with the directory
+    itself; a link to a directory others can write is refused as that directory would be."""
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o700)
+    link = tmp_path / "linked-cache"
+    link.symlink_to(target)
+    names = set()
+    try:
+        result, record = run_json(box, link, box.busybox_image, ["true"], tmp_path, idle=30,
+                                  options=["--verbose"])
+        assert record["image_access"] == "shared", result.stderr
+        key = (target / KEY_FILE).read_bytes()
+        names = {server_name(box.busybox_image, box.binary, 30, key=key)}
+        assert len(_image_servers(names)) == 1
+        result, record = run_json(box, link, box.busybox_image, ["true"], tmp_path, idle=30)
+        assert record["image_access"] == "shared", result.stderr
+        assert len(_image_servers(names)) == 1
+    finally:
+        end_servers_named(names)
+    target.chmod(0o777)
+    result, record = run_json(box, link, box.busybox_image, ["true"], tmp_path, idle=30,
+                              options=["--verbose"])
+    assert record["image_access"] == "fuse"
+    assert "must be a directory of yours that no one else can write" in result.stderr
+
+
 def _readable_key(cache_dir):
     write_key(cache_dir).chmod(0o644)
 
@@ -1161,3 +1197,276 @@ def test_a_key_others_could_read_or_choose_is_not_used(box, cache, tmp_path, spo
     assert because in result.stderr, result.stderr
     assert {p.name: (p.lstat().st_mode, p.read_bytes()) for p in spoiled.iterdir()} == before
     assert shared_servers(box) == []
+
+
+# Run by another container of the caller's uid (OTHER_CONTAINER): it takes the name of the
+# caller's server while it is free, keeps the first launcher that connects, and lets the name go;
+# the caller's next run starts the real server there. Then it passes messages between the two:
+# the server's challenge to the launcher, the launcher's answer (its proof) to the server, and
+# the server's answer back, keeping a copy of the mount it carries. With `own_name` it hands the
+# launcher the mount of a server of its own instead (its own image), with the server's proof.
+RELAY_BETWEEN = KEY_PROOF + r"""
+import os, socket, sys, time
+victim_name = sys.argv[1].encode()
+own_name, own_identity = sys.argv[2].encode(), sys.argv[3].encode()
+own_key = bytes.fromhex(sys.argv[4]) if sys.argv[4] else b""
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+listener.bind(b"\0" + victim_name)
+listener.listen(8)
+print("squatted", flush=True)
+launcher, _ = listener.accept()
+listener.close()
+print("released", flush=True)
+deadline = time.monotonic() + 8
+while True:
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        server.connect(b"\0" + victim_name)
+        break
+    except ConnectionRefusedError:
+        if time.monotonic() > deadline:
+            sys.exit("no server came")
+        time.sleep(0.005)
+server.settimeout(10)
+launcher.settimeout(10)
+launcher.sendall(server.recv(4096))      # the server's challenge
+server.sendall(launcher.recv(4096))      # the launcher's proof
+answer, fds, _, _ = socket.recv_fds(server, 4096, 4)
+if fds:
+    print("copy:", " ".join(sorted(os.listdir(f"/proc/self/fd/{fds[0]}"))), flush=True)
+else:
+    print("refused:", answer[1:].decode(errors="replace"), flush=True)
+handed = fds
+if own_key:
+    own = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    own.connect(b"\0" + own_name)
+    servers = own.recv(4096)[1:]
+    mine = os.urandom(32)
+    own.sendall(b"m" + mine + key_proof(own_key, "launcher", own_identity, pid_outside(),
+                                        servers, mine) + own_identity)
+    _, handed, _, _ = socket.recv_fds(own, 4096, 4)
+socket.send_fds(launcher, [answer], handed) if handed else launcher.sendall(answer)
+print("handed", flush=True)
+launcher.settimeout(None)
+launcher.recv(1)  # kept until the launcher ends
+"""
+
+
+@pytest.mark.parametrize("hands", ["the callers", "its own"])
+def test_another_container_of_the_callers_uid_cannot_relay_the_callers_proofs(
+        box, cache, tmp_path, hands):
+    """Another container of the caller's uid, below the caller's pid namespace, without the key:
+    it holds the name when a launcher of the caller connects, lets it go, and the caller's next run
+    starts the real server there. Passing each end's messages to the other, it must get no copy of
+    the caller's mount, and the launcher it holds must use no mount it hands over (the caller's
+    own, or one of the attacker's choosing): the proofs bind the launcher that made them."""
+    victim_name = server_name(box.busybox_image, box.binary, 30)
+    own_name, own_identity, own_key = "", "", ""
+    if hands == "its own":
+        attackers_cache = tmp_path / "attackers-cache"
+        attackers_cache.mkdir(mode=0o700)
+        attackers_key = os.urandom(32)
+        write_key(attackers_cache, attackers_key)
+        result, record = run_json(box, attackers_cache, box.python_image, ["true"], tmp_path,
+                                  idle=30)
+        assert record["image_access"] == "shared", result.stderr
+        own_name = server_name(box.python_image, box.binary, 30, key=attackers_key)
+        own_identity = image_identity(box.python_image, box.binary, 30)
+        own_key = attackers_key.hex()
+    relay = subprocess.Popen([*OTHER_CONTAINER, sys.executable, "-c", RELAY_BETWEEN, victim_name,
+                              own_name, own_identity, own_key],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    record_path = tmp_path / "held.json"
+    probe = "test -e /usr/bin/python3 && echo attackers || echo callers"
+    held = holder = None
+    try:
+        assert relay.stdout.readline() == "squatted\n", relay.stderr.read()
+        held = subprocess.Popen(
+            box.argv(box.busybox_image, ["sh", "-c", probe, box.marker],
+                     ["--verbose", "--json", str(record_path)]),
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=environment(cache, idle=30))
+        assert relay.stdout.readline() == "released\n", relay.stderr.read()
+        # The caller's next run: it finds the name free and starts the real server.
+        holder = subprocess.Popen(
+            box.argv(box.busybox_image, ["sh", "-c", "echo up; read x", box.marker]),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=environment(cache, idle=30))
+        assert holder.stdout.readline() == "up\n", holder.stderr.read()
+        relayed = relay.stdout.readline()
+        assert relayed.startswith("refused: "), relayed  # no copy of the caller's image
+        stdout, stderr = held.communicate(timeout=SANDBOX_TIMEOUT + GRACE)
+        assert held.returncode == 0, stderr
+        assert stdout == "callers\n", stderr
+        assert json.loads(record_path.read_text())["image_access"] == "fuse", stderr
+    finally:
+        os.killpg(relay.pid, signal.SIGKILL)
+        relay.communicate()
+        for process in (held, holder):
+            if process is not None and process.poll() is None:
+                with contextlib.suppress(OSError):
+                    process.communicate(input="\n" if process is holder else None, timeout=60)
+        if own_name:
+            end_servers_named({own_name})
+
+
+# A FUSE file system of one file, "f", that never answers a FLUSH (the request a close() of one
+# of its files sends and waits for, deaf to SIGKILL): run as root of a user and mount namespace of
+# its own (OTHER_CONTAINER), it mounts it (served by a child process, which holds /dev/fuse: when
+# it is killed, the kernel ends what waits on the file system), opens "f", and passes that
+# descriptor to a peer of the caller's uid. `role` "holder": it takes the caller's server name and
+# greets each launcher with the descriptor (and a challenge one byte short, which the launcher
+# refuses at once); "launcher": it asks the caller's running server, the descriptor with its
+# request.
+STALLED_FLUSH = r"""
+import ctypes, os, socket, struct, sys, tempfile, time
+role, name = sys.argv[1], sys.argv[2].encode()
+fuse = os.open("/dev/fuse", os.O_RDWR)
+mount_point = tempfile.mkdtemp()
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.mount(b"stalled", mount_point.encode(), b"fuse", 0,
+              f"fd={fuse},rootmode=40000,user_id=0,group_id=0".encode()) != 0:
+    sys.exit("mount: " + os.strerror(ctypes.get_errno()))
+
+def attr(node):
+    mode = 0o40755 if node == 1 else 0o100644
+    return struct.pack("<QQQQQQIIIIIIIIII", node, 0, 0, 0, 0, 0, 0, 0, 0, mode, 1, 0, 0, 0,
+                       4096, 0)
+
+def serve():
+    while True:
+        request = os.read(fuse, 1 << 20)
+        _, opcode, unique, node = struct.unpack_from("<IIQQ", request)
+        error, out = 0, b""
+        if opcode == 26:  # INIT
+            out = struct.pack("<IIIIHHIIHHII6I", 7, 31, 0, 0, 0, 0, 4096, 1, 0, 0, 0, 0,
+                              *[0] * 6)
+        elif opcode == 3:  # GETATTR
+            out = struct.pack("<QII", 0, 0, 0) + attr(node)
+        elif opcode == 1:  # LOOKUP
+            if request[40:].split(b"\0")[0] == b"f":
+                out = struct.pack("<QQQQII", 2, 0, 0, 0, 0, 0) + attr(2)
+            else:
+                error = -2
+        elif opcode == 14:  # OPEN
+            out = struct.pack("<QII", 1, 0, 0)
+        elif opcode in (25, 2, 36):  # FLUSH: never answered; FORGET, INTERRUPT: not answered
+            continue
+        elif opcode != 18:  # RELEASE is answered; nothing else is implemented
+            error = -38
+        os.write(fuse, struct.pack("<IiQ", 16 + len(out), error, unique) + out)
+
+if os.fork() == 0:
+    serve()
+os.close(fuse)
+stalled = os.open(os.path.join(mount_point, "f"), os.O_RDONLY)
+if role == "holder":
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(b"\0" + name)
+    listener.listen(8)
+    print("ready", flush=True)
+    kept = []
+    while True:
+        connection, _ = listener.accept()
+        socket.send_fds(connection, [b"n" + os.urandom(31)], [stalled])  # one byte short
+        kept.append(connection)
+else:
+    identity = sys.argv[3].encode()
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    server.connect(b"\0" + name)
+    server.recv(4096)
+    socket.send_fds(server, [b"m" + os.urandom(64) + identity], [stalled])
+    print("ready", flush=True)
+    time.sleep(3600)
+"""
+
+
+def run_while(attacker, box, cache, tmp_path, options=()):
+    """A run of the busybox image while `attacker` (the caller's uid, another container) does
+    what it does: (its result, its JSON record). A run still going after its timeout and grace
+    (a close() that never returns is deaf to SIGKILL) fails the test once the attacker is gone."""
+    record = tmp_path / f"result-{time.monotonic_ns()}.json"
+    run = subprocess.Popen(box.argv(box.busybox_image, ["sh", "-c", "echo ran", box.marker],
+                                    ["--json", str(record), *options]),
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=environment(cache, idle=30))
+    try:
+        stdout, stderr = run.communicate(timeout=SANDBOX_TIMEOUT + GRACE)
+    except subprocess.TimeoutExpired:
+        os.killpg(attacker.pid, signal.SIGKILL)  # which lets the stalled close return
+        run.kill()
+        run.communicate()
+        pytest.fail("the run did not end: it waits on the attacker's file system")
+    return subprocess.CompletedProcess(run.args, run.returncode, stdout, stderr), \
+        json.loads(record.read_text())
+
+
+def test_a_descriptor_whose_close_never_returns_stalls_neither_end(box, cache, tmp_path):
+    """Another container of the caller's uid (which passes the uid and pid checks) hands each end
+    a descriptor of a file on a FUSE mount of its own that never answers the FLUSH a close()
+    sends: the launcher in the challenge it greets it with while it holds the name, the server in
+    a request. Neither may close it (a close() would wait for as long as that file system lives,
+    deaf to SIGKILL): the launcher serves its image itself and ends, the server goes on serving."""
+    name = server_name(box.busybox_image, box.binary, 30)
+    identity = image_identity(box.busybox_image, box.binary, 30)
+    holder = subprocess.Popen([*OTHER_CONTAINER, sys.executable, "-c", STALLED_FLUSH, "holder",
+                               name], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert holder.stdout.readline() == "ready\n", holder.stderr.read()
+        result, record = run_while(holder, box, cache, tmp_path, options=["--verbose"])
+        assert result.returncode == 0 and result.stdout == "ran\n", result.stderr
+        assert record["image_access"] == "fuse"
+        assert "unexpected greeting" in result.stderr, result.stderr
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.communicate()
+    assert wait_for(lambda: name not in names_in_namespace(), 10)
+    result, record = run_json(box, cache, box.busybox_image, ["true"], tmp_path, idle=30)
+    assert record["image_access"] == "shared", result.stderr
+    asker = subprocess.Popen([*OTHER_CONTAINER, sys.executable, "-c", STALLED_FLUSH, "launcher",
+                              name, identity], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert asker.stdout.readline() == "ready\n", asker.stderr.read()
+        result, record = run_while(asker, box, cache, tmp_path, options=["--verbose"])
+        assert result.returncode == 0, result.stderr
+        assert record["image_access"] == "shared", result.stderr
+    finally:
+        os.killpg(asker.pid, signal.SIGKILL)
+        asker.communicate()
+
+
+def memory_holds(pid, data):
+    """Whether any readable mapping of `pid` holds `data` (read through /proc/PID/mem)."""
+    with open(f"/proc/{pid}/mem", "rb", buffering=0) as memory:
+        for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+            fields = line.split()
+            if "r" not in fields[1] or fields[-1] in ("[vvar]", "[vsyscall]", "[vvar_vclock]"):
+                continue
+            start, end = (int(address, 16) for address in fields[0].split("-"))
+            try:
+                memory.seek(start)
+                if data in memory.read(end - start):
+                    return True
+            except OSError:
+                continue  # a mapping nothing backs any more
+    return False
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to read the confined parser's memory")
+def test_the_shared_servers_parser_holds_no_copy_of_the_users_key(box, cache, tmp_path):
+    """The shared server's parser reads images that may be hostile: one that took it over could
+    serve whatever its memory holds as a file of the image to the payloads of its sandboxes,
+    which can print it. The user's key must not be there (the server reads it only after it has
+    forked the parser); the server, which checks proofs with it, holds it."""
+    result, record = run_json(box, cache, box.busybox_image, ["true"], tmp_path, idle=30)
+    assert result.returncode == 0 and record["image_access"] == "shared", result.stderr
+    [(server, [parser])] = shared_servers(box)
+    try:
+        assert memory_holds(server, TEST_KEY)  # the search finds the key where it is
+        assert not memory_holds(parser, TEST_KEY)
+    finally:
+        os.kill(server, signal.SIGTERM)
+        wait_for(lambda: not Path(f"/proc/{parser}").exists(), 10)

@@ -1,6 +1,6 @@
 // The user's image server key (runtime/server_key.h): proofs that differ with anything they
-// cover (the role, the identity, either challenge, the key), a key received only whole, and a
-// key file used only when no one else could have read or chosen it.
+// cover (the role, the identity, the launcher's pid, either challenge, the key), a key received
+// only whole, and a key file used only when no one else could have read or chosen it.
 #include "runtime/server_key.h"
 
 #include <fcntl.h>
@@ -31,19 +31,24 @@ TEST(KeyProof, HoldsForItsOwnInputsOnly) {
     const ServerKey other_key = random_key_bytes();
     const std::string theirs = as_text(random_key_bytes());
     const std::string mine = as_text(random_key_bytes());
-    const ServerKey proof = key_proof(key, ProofRole::kLauncher, "image a", theirs, mine);
+    const ServerKey proof = key_proof(key, ProofRole::kLauncher, "image a", 42, theirs, mine);
     const std::string text = as_text(proof);
-    EXPECT_EQ(as_text(key_proof(key, ProofRole::kLauncher, "image a", theirs, mine)), text);
-    EXPECT_TRUE(is_key_proof(text, key, ProofRole::kLauncher, "image a", theirs, mine));
-    EXPECT_FALSE(is_key_proof(text, other_key, ProofRole::kLauncher, "image a", theirs, mine));
-    EXPECT_FALSE(is_key_proof(text, key, ProofRole::kServer, "image a", theirs, mine));
-    EXPECT_FALSE(is_key_proof(text, key, ProofRole::kLauncher, "image b", theirs, mine));
-    EXPECT_FALSE(is_key_proof(text, key, ProofRole::kLauncher, "image a", mine, theirs));
-    EXPECT_FALSE(is_key_proof(text.substr(1), key, ProofRole::kLauncher, "image a", theirs, mine));
-    EXPECT_FALSE(is_key_proof("", key, ProofRole::kLauncher, "image a", theirs, mine));
+    EXPECT_EQ(as_text(key_proof(key, ProofRole::kLauncher, "image a", 42, theirs, mine)), text);
+    EXPECT_TRUE(is_key_proof(text, key, ProofRole::kLauncher, "image a", 42, theirs, mine));
+    EXPECT_FALSE(is_key_proof(text, other_key, ProofRole::kLauncher, "image a", 42, theirs, mine));
+    EXPECT_FALSE(is_key_proof(text, key, ProofRole::kServer, "image a", 42, theirs, mine));
+    EXPECT_FALSE(is_key_proof(text, key, ProofRole::kLauncher, "image b", 42, theirs, mine));
+    // Another launcher's connection (a process passing this one's messages on connects as itself).
+    EXPECT_FALSE(is_key_proof(text, key, ProofRole::kLauncher, "image a", 43, theirs, mine));
+    EXPECT_FALSE(is_key_proof(text, key, ProofRole::kLauncher, "image a", 42, mine, theirs));
+    EXPECT_FALSE(
+        is_key_proof(text.substr(1), key, ProofRole::kLauncher, "image a", 42, theirs, mine));
+    EXPECT_FALSE(is_key_proof("", key, ProofRole::kLauncher, "image a", 42, theirs, mine));
     // Where one part ends is part of what is proven.
-    EXPECT_NE(as_text(key_proof(key, ProofRole::kLauncher, "ab", "c", "")),
-              as_text(key_proof(key, ProofRole::kLauncher, "a", "bc", "")));
+    EXPECT_NE(as_text(key_proof(key, ProofRole::kLauncher, "ab", 1, "c", "")),
+              as_text(key_proof(key, ProofRole::kLauncher, "a", 1, "bc", "")));
+    EXPECT_NE(as_text(key_proof(key, ProofRole::kLauncher, "a1", 2, "", "")),
+              as_text(key_proof(key, ProofRole::kLauncher, "a", 12, "", "")));
 }
 
 TEST(ServerKeyTag, DiffersBetweenKeysAndIsStable) {
