@@ -74,6 +74,18 @@ def pid_outside():
     # This process's pid as the server sees it: in a container of OTHER_CONTAINER's kind, /proc
     # is still the host's (an attacker's own server, started outside, numbers it so).
     return int(os.readlink("/proc/self"))
+
+def own_mount(own_name, own_identity, own_key):
+    # A copy of the mount of the attacker's own server (its key, its image): (connection, fds).
+    import socket
+    own = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    own.connect(b"\0" + own_name)
+    servers = own.recv(4096)[1:]
+    mine = os.urandom(32)
+    own.sendall(b"m" + mine + key_proof(own_key, "launcher", own_identity, pid_outside(),
+                                        servers, mine) + own_identity)
+    _, fds, _, _ = socket.recv_fds(own, 4096, 4)
+    return own, fds
 """
 exec(KEY_PROOF)
 
@@ -925,13 +937,7 @@ while True:
         request = connection.recv(4096)
         launchers, identity = request[1:33], request[65:]
         print("request:", identity.decode(), flush=True)
-        own = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        own.connect(b"\0" + own_name)
-        servers = own.recv(4096)[1:]
-        mine = os.urandom(32)
-        own.sendall(b"m" + mine + key_proof(own_key, "launcher", own_identity, pid_outside(),
-                                            servers, mine) + own_identity)
-        _, fds, _, _ = socket.recv_fds(own, 4096, 4)
+        own, fds = own_mount(own_name, own_identity, own_key)
         launcher_pid = struct.unpack("3i", connection.getsockopt(
             socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
         proof = key_proof(victims_key or own_key, "server", identity, launcher_pid, launchers,
@@ -947,6 +953,20 @@ while True:
 OTHER_CONTAINER = ["unshare", "--user", "--map-root-user", "--mount", "--pid", "--fork"]
 
 
+def start_attackers_server(box, tmp_path):
+    """The attacker's own server, of its own image (the Python one), with a key of its own (its
+    cache directory): its name, identity and key."""
+    attackers_cache = tmp_path / "attackers-cache"
+    attackers_cache.mkdir(mode=0o700)
+    attackers_key = os.urandom(32)
+    write_key(attackers_cache, attackers_key)
+    result, record = run_json(box, attackers_cache, box.python_image, ["true"], tmp_path,
+                              idle=30)
+    assert record["image_access"] == "shared", result.stderr
+    return (server_name(box.python_image, box.binary, 30, key=attackers_key),
+            image_identity(box.python_image, box.binary, 30), attackers_key)
+
+
 def test_another_container_of_the_callers_uid_neither_serves_nor_gets_the_image(
         box, cache, tmp_path):
     """A container that shares only the caller's network namespace, whose user is the caller's
@@ -958,16 +978,7 @@ def test_another_container_of_the_callers_uid_neither_serves_nor_gets_the_image(
     mounts into it), nor get a copy of the caller's image's mount."""
     victim_name = server_name(box.busybox_image, box.binary, 30)
     identity = image_identity(box.busybox_image, box.binary, 30)
-    # The attacker's own server, of its own image, with a key of its own (its cache directory).
-    attackers_cache = tmp_path / "attackers-cache"
-    attackers_cache.mkdir(mode=0o700)
-    attackers_key = os.urandom(32)
-    write_key(attackers_cache, attackers_key)
-    result, record = run_json(box, attackers_cache, box.python_image, ["true"], tmp_path,
-                              idle=30)
-    assert record["image_access"] == "shared", result.stderr
-    own_name = server_name(box.python_image, box.binary, 30, key=attackers_key)
-    own_identity = image_identity(box.python_image, box.binary, 30)
+    own_name, own_identity, attackers_key = start_attackers_server(box, tmp_path)
     relay = subprocess.Popen([*OTHER_CONTAINER, sys.executable, "-c", RELAY, victim_name,
                               own_name, own_identity, attackers_key.hex(), ""],
                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -1238,13 +1249,7 @@ else:
     print("refused:", answer[1:].decode(errors="replace"), flush=True)
 handed = fds
 if own_key:
-    own = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    own.connect(b"\0" + own_name)
-    servers = own.recv(4096)[1:]
-    mine = os.urandom(32)
-    own.sendall(b"m" + mine + key_proof(own_key, "launcher", own_identity, pid_outside(),
-                                        servers, mine) + own_identity)
-    _, handed, _, _ = socket.recv_fds(own, 4096, 4)
+    own, handed = own_mount(own_name, own_identity, own_key)
 socket.send_fds(launcher, [answer], handed) if handed else launcher.sendall(answer)
 print("handed", flush=True)
 launcher.settimeout(None)
@@ -1263,15 +1268,7 @@ def test_another_container_of_the_callers_uid_cannot_relay_the_callers_proofs(
     victim_name = server_name(box.busybox_image, box.binary, 30)
     own_name, own_identity, own_key = "", "", ""
     if hands == "its own":
-        attackers_cache = tmp_path / "attackers-cache"
-        attackers_cache.mkdir(mode=0o700)
-        attackers_key = os.urandom(32)
-        write_key(attackers_cache, attackers_key)
-        result, record = run_json(box, attackers_cache, box.python_image, ["true"], tmp_path,
-                                  idle=30)
-        assert record["image_access"] == "shared", result.stderr
-        own_name = server_name(box.python_image, box.binary, 30, key=attackers_key)
-        own_identity = image_identity(box.python_image, box.binary, 30)
+        own_name, own_identity, attackers_key = start_attackers_server(box, tmp_path)
         own_key = attackers_key.hex()
     relay = subprocess.Popen([*OTHER_CONTAINER, sys.executable, "-c", RELAY_BETWEEN, victim_name,
                               own_name, own_identity, own_key],
