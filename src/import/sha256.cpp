@@ -8,6 +8,7 @@
 
 #include "util/errors.h"
 #include "util/files.h"
+#include "util/text.h"
 
 namespace sqbox {
 
@@ -28,13 +29,7 @@ void Sha256::update(const void* data, size_t size) {
 std::string Sha256::digest() {
     std::array<uint8_t, SHA256_DIGEST_SIZE> bytes{};
     sha256_digest(&state_->context, bytes.size(), bytes.data());
-    static constexpr char kHex[] = "0123456789abcdef";
-    std::string text = "sha256:";
-    for (uint8_t byte : bytes) {
-        text += kHex[byte >> 4];
-        text += kHex[byte & 0xf];
-    }
-    return text;
+    return "sha256:" + hex_of(bytes);
 }
 
 std::string sha256_of_fd(int fd, const std::string& what) {

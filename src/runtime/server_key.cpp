@@ -3,18 +3,18 @@
 #include <fcntl.h>
 #include <nettle/hmac.h>
 #include <nettle/memops.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <span>
 
 #include "util/errors.h"
 #include "util/files.h"
+#include "util/text.h"
 #include "util/unique_fd.h"
 
 namespace sqbox {
@@ -55,18 +55,6 @@ void make_key_file(const std::string& directory, const std::string& path) {
 
 }  // namespace
 
-ServerKey random_key_bytes() {
-    ServerKey bytes{};
-    size_t filled = 0;
-    while (filled < bytes.size()) {
-        const ssize_t got = ::getrandom(bytes.data() + filled, bytes.size() - filled, 0);
-        if (got < 0 && errno == EINTR) continue;
-        if (got < 0) throw system_error("getrandom");
-        filled += static_cast<size_t>(got);
-    }
-    return bytes;
-}
-
 ServerKey user_server_key(const std::string& cache_directory) {
     if (cache_directory.empty()) {
         throw Error("no cache directory for the image server's key: set SQBOX_CACHE_DIR or HOME");
@@ -102,13 +90,7 @@ ServerKey read_server_key(int fd) {
 
 std::string server_key_tag(const ServerKey& key) {
     const ServerKey tag = key_proof(key, ProofRole::kServer, "the server's name", 0, {}, {});
-    std::string hex;
-    char digits[3];
-    for (size_t i = 0; i < 8; ++i) {
-        (void)std::snprintf(digits, sizeof digits, "%02x", tag[i]);
-        hex += digits;
-    }
-    return hex;
+    return hex_of(std::span(tag).first(8));
 }
 
 ServerKey key_proof(const ServerKey& key, ProofRole role, std::string_view identity, pid_t launcher,

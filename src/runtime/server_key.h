@@ -11,13 +11,17 @@
 #include <string>
 #include <string_view>
 
+#include "util/random_bytes.h"
+
 namespace sqbox {
 
 constexpr size_t kServerKeyBytes = 32;
 using ServerKey = std::array<unsigned char, kServerKeyBytes>;
 
 // Random bytes from the kernel, for a key or a challenge.
-ServerKey random_key_bytes();
+inline ServerKey random_key_bytes() {
+    return random_bytes<kServerKeyBytes>();
+}
 
 // The key in `cache_directory` (sqbox_cache_directory()), made there first if it has none:
 // the directory must be the caller's and written by no one else, the key file the caller's,

@@ -1,7 +1,5 @@
 #include "session/session_state.h"
 
-#include <sys/random.h>
-
 #include <algorithm>
 #include <array>
 #include <cerrno>
@@ -12,34 +10,16 @@
 #include "session/process_requests.h"
 #include "session/session_extras.h"
 #include "util/errors.h"
+#include "util/random_bytes.h"
+#include "util/text.h"
 
 namespace sqbox {
 namespace {
 
-template <size_t N>
-std::array<unsigned char, N> random_bytes() {
-    std::array<unsigned char, N> bytes{};
-    size_t filled = 0;
-    while (filled < bytes.size()) {
-        const ssize_t n = ::getrandom(bytes.data() + filled, bytes.size() - filled, 0);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) throw system_error("cannot draw random numbers for the session (getrandom)");
-        filled += static_cast<size_t>(n);
-    }
-    return bytes;
-}
-
 // 128 random bits, as hex: what the code in the session would have to read from the driver's
 // memory to write messages the server takes for the driver's.
 std::string random_token() {
-    const auto bytes = random_bytes<16>();
-    static constexpr char kHex[] = "0123456789abcdef";
-    std::string token;
-    for (const unsigned char byte : bytes) {
-        token += kHex[byte >> 4];
-        token += kHex[byte & 0xf];
-    }
-    return token;
+    return hex_of(random_bytes<16>());
 }
 
 // A request's number: random (63 bits, exact in any JSON reader), so that code that has read the

@@ -49,7 +49,11 @@ void send_fd_message(int socket_fd, MessageTag tag, std::string_view text,
     }
 }
 
-std::optional<FdMessage> receive_fd_message(int socket_fd) {
+namespace {
+
+// One message; its descriptors installed (close-on-exec) if `take_fds`, else dropped by the kernel
+// as it delivers the message. `flags` go to recvmsg (MSG_PEEK).
+std::optional<FdMessage> receive_message(int socket_fd, bool take_fds, int flags) {
     // Not zeroed: only what recvmsg fills is read (a sandbox's start receives several messages).
     const auto data = std::make_unique_for_overwrite<char[]>(1 + kMaxText);
     iovec vector{data.get(), 1 + kMaxText};
@@ -57,11 +61,13 @@ std::optional<FdMessage> receive_fd_message(int socket_fd) {
     msghdr message{};
     message.msg_iov = &vector;
     message.msg_iovlen = 1;
-    message.msg_control = control;
-    message.msg_controllen = sizeof control;
+    if (take_fds) {
+        message.msg_control = control;
+        message.msg_controllen = sizeof control;
+    }
     ssize_t n = -1;
     do {
-        n = ::recvmsg(socket_fd, &message, MSG_CMSG_CLOEXEC);
+        n = ::recvmsg(socket_fd, &message, MSG_CMSG_CLOEXEC | flags);
     } while (n < 0 && errno == EINTR);
     if (n <= 0) return std::nullopt;
     FdMessage received;
@@ -80,21 +86,14 @@ std::optional<FdMessage> receive_fd_message(int socket_fd) {
     return received;
 }
 
+}  // namespace
+
+std::optional<FdMessage> receive_fd_message(int socket_fd) {
+    return receive_message(socket_fd, true, 0);
+}
+
 std::optional<FdMessage> receive_message_without_fds(int socket_fd, bool peek) {
-    const auto data = std::make_unique_for_overwrite<char[]>(1 + kMaxText);
-    iovec vector{data.get(), 1 + kMaxText};
-    msghdr message{};  // no room for descriptors: any sent are dropped, never installed here
-    message.msg_iov = &vector;
-    message.msg_iovlen = 1;
-    ssize_t n = -1;
-    do {
-        n = ::recvmsg(socket_fd, &message, MSG_CMSG_CLOEXEC | (peek ? MSG_PEEK : 0));
-    } while (n < 0 && errno == EINTR);
-    if (n <= 0) return std::nullopt;
-    FdMessage received;
-    received.tag = static_cast<MessageTag>(data[0]);
-    received.text.assign(data.get() + 1, static_cast<size_t>(n) - 1);
-    return received;
+    return receive_message(socket_fd, false, peek ? MSG_PEEK : 0);
 }
 
 }  // namespace sqbox

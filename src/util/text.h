@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cctype>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -23,6 +24,18 @@ inline std::string_view trim_space(std::string_view text) {
 inline std::string blank_controls(std::string text) {
     for (char& c : text) {
         if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
+    }
+    return text;
+}
+
+// `bytes` as lowercase hex digits, two per byte.
+inline std::string hex_of(std::span<const unsigned char> bytes) {
+    static constexpr char kHex[] = "0123456789abcdef";
+    std::string text;
+    text.reserve(2 * bytes.size());
+    for (const unsigned char byte : bytes) {
+        text += kHex[byte >> 4];
+        text += kHex[byte & 0xf];
     }
     return text;
 }
