@@ -203,6 +203,8 @@ RunOptions build_run_options(const RunArguments& args) {
 }
 
 int execute_run(const RunOptions& options) {
+    // Held from here: one that comes before the sandbox starts still leaves the record.
+    const ScopedSignalBlock hold_signals;
     // Opened first so that an unwritable path fails before anything runs.
     std::optional<JsonResultFile> json;
     if (!options.json_path.empty()) json.emplace(options.json_path);

@@ -396,6 +396,7 @@ UnpackedImage unpack_image(sqfs* fs, int image_fd, const std::string& image_path
             confined.file_size_bytes = std::max<uint64_t>(limits.total_bytes, 1);
             confined.time_limit = limits.time_limit;
             confined.make_symlinks = true;
+            confined.stop_signals = limits.stop_signals;
             const int root_fd = root.get();
             (void)run_confined(
                 root_fd, {image_fd}, [&] { return unpack_image_tree(fs, root_fd, limits); },

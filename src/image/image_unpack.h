@@ -29,8 +29,10 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "image/squashfuse_api.h"
@@ -47,6 +49,7 @@ struct ImageUnpackLimits {
     size_t entries = kDefaultUnpackEntries;
     size_t depth = 256;  // directories within directories
     std::chrono::milliseconds time_limit{std::chrono::minutes(10)};
+    std::optional<sigset_t> stop_signals;  // as ConfinedLimits::stop_signals
 };
 
 struct UnpackedImage {

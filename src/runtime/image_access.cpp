@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "runtime/signals.h"
 #include "util/errors.h"
 #include "util/fd_passing.h"
 #include "util/process.h"
@@ -28,9 +29,12 @@ ImageAccess choose_image_access(ImageSource& image, const SandboxConfig& config)
     // Whether a sandbox can be made at all, before minutes of unpacking for nothing (a pod whose
     // seccomp profile refuses user namespaces says so here, in its own words).
     require_user_namespaces();
+    ImageUnpackLimits limits;
+    // The launcher holds them (runtime/pipeline.cpp): one that comes stops the unpacking.
+    limits.stop_signals = forwarded_signals();
     try {
         access.unpacked = unpack_image(&image.squashfs->fs, image.file.get(), image.path,
-                                       sqbox_cache_directory());
+                                       sqbox_cache_directory(), limits);
     } catch (const Error& e) {
         throw Error("cannot run " + image.path + " without FUSE (" + why +
                     ") from an unpacked copy either: " + e.what() +

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 
 #include "runtime/signals.h"
 #include "util/errors.h"
@@ -268,6 +269,17 @@ RunResult result_of(const Supervision& supervision, const StdioRelay& relay,
             "out of memory: the sandbox reached its memory limit and the kernel "
             "killed a process in it");
     }
+    return result;
+}
+
+RunResult stopped_before_start(const SandboxConfig& config, int signal) {
+    const char* name = ::sigabbrev_np(signal);
+    RunResult result;
+    result.seccomp = config.seccomp_profile;
+    result.exit_status = kExitSignalBase + signal;
+    result.error = std::string("stopped by SIG") + (name != nullptr ? name : "?") +
+                   " before the sandbox started: nothing ran";
+    print_error(result.error);
     return result;
 }
 

@@ -62,4 +62,9 @@ RunResult result_of(const Supervision& supervision, const StdioRelay& relay,
                     const SandboxConfig& config, const SandboxPlan& plan,
                     const SandboxCgroup* cgroup, bool oom_killed);
 
+// The caller's record of a launch that a forwarded signal stopped before the sandbox existed:
+// nothing ran, and sqbox ends as if the signal had ended the command (128 + its number). Prints
+// the one line that says so.
+RunResult stopped_before_start(const SandboxConfig& config, int signal);
+
 }  // namespace sqbox

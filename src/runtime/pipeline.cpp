@@ -50,74 +50,93 @@ namespace sqbox {
 
 // ---- the launcher: the caller's process ----
 
+namespace {
+
+// Steps 1 to 8, with the forwarded signals held by the caller (run_sandbox).
+RunResult launch(const SandboxConfig& config) {
+    // 1. What needs the caller's view of the host, checked before any namespace exists.
+    ImageSource image = open_image(config.image);
+    ImageAccess access = choose_image_access(image, config);
+    // 2. The policy: the seccomp filter, Landlock, limits and where each is enforced.
+    std::optional<SandboxCgroup> cgroup = plan_cgroup_before_start(config);
+    SandboxPlan plan = plan_run(config, cgroup ? &*cgroup : nullptr);
+    // 3. The channels: the supervisor's report, init's channel (cgroup, terminal), and the
+    //    supervisor's for the shared image server's mount.
+    Pipe report = make_pipe("supervisor report");
+    auto [channel, init_channel] = make_message_channel("the sandbox's channel");
+    auto [image_handoff, supervisor_image_handoff] =
+        may_share_image(access, config) ? make_message_channel("the image's channel")
+                                        : std::pair<UniqueFd, UniqueFd>{};
+    // 4. The payload's stdio: relayed where the caller's cannot be handed over as it is.
+    StdioRelay relay(config.output_limit_bytes, config.tty, channel.get());
+    std::optional<ScopedIgnoreSigpipe> ignore_sigpipe;
+    if (relay.active()) ignore_sigpipe.emplace();
+
+    // 5. The supervisor, in a new user and mount namespace, unless a forwarded signal came
+    //    first: then nothing starts, and the caller still gets the record.
+    if (const std::optional<int> signal = pending_forwarded_signal()) {
+        return stopped_before_start(config, *signal);
+    }
+    const pid_t launcher = ::getpid();
+    const pid_t pid = clone_into_user_namespace(CLONE_NEWNS, "the sandbox's user namespace");
+    if (pid == 0) {
+        report.read_end.reset();
+        channel.reset();
+        if (relay.active()) adopt_diagnostics_fd(relay.install_in_child());
+        run_supervisor({&plan, &image, launcher, std::move(report.write_end),
+                        std::move(init_channel), std::move(supervisor_image_handoff),
+                        SharedImage{}});
+    }
+    ChildProcess supervisor(pid);
+    report.write_end.reset();
+    relay.close_child_ends();
+    init_channel.reset();
+    supervisor_image_handoff.reset();
+
+    // 6. While the sandbox is being set up: the image's shared server (started if none runs
+    //    yet), whose mount the supervisor waits for; then the cgroup, which init joins.
+    if (image_handoff) {
+        share_image_with_supervisor(access, image, config, image_handoff.get());
+        image_handoff.reset();
+    }
+    hand_over_cgroup(config, cgroup, channel.get());
+    // 7. Signals forwarded and stdio relayed until the sandbox is gone; then the cgroup goes
+    //    while the supervisor tears its mounts down.
+    bool oom_killed = false;
+    const Supervision supervision = supervise(supervisor, relay, report.read_end.get(), [&] {
+        if (!cgroup) return;
+        oom_killed = cgroup->oom_killed();
+        cgroup->remove();
+    });
+    // 8. The record, handed to the caller while the forwarded signals are still held.
+    RunResult result =
+        result_of(supervision, relay, config, plan, cgroup ? &*cgroup : nullptr, oom_killed);
+    result.image_access = access.mode;
+    return result;
+}
+
+}  // namespace
+
 RunResult run_sandbox(const SandboxConfig& config, const ResultHandler& handle_result) {
-    // From the supervisor's start until the caller has the result: a forwarded signal that comes
-    // as the sandbox ends (scancel's SIGTERM, then the batch script's own) must not end the
-    // launcher before the caller has written the record.
-    std::optional<ScopedSignalBlock> block;
+    // From the launch's first step until the caller has the result: a forwarded signal that
+    // comes before the sandbox exists stops the launch (step 5), one that comes while it runs
+    // goes to it, and one that comes as it ends (scancel's SIGTERM, then the batch script's
+    // own) must not end the launcher before the caller has written the record.
+    const ScopedSignalBlock block;
     RunResult result;
     try {
-        // 1. What needs the caller's view of the host, checked before any namespace exists.
-        ImageSource image = open_image(config.image);
-        ImageAccess access = choose_image_access(image, config);
-        // 2. The policy: the seccomp filter, Landlock, limits and where each is enforced.
-        std::optional<SandboxCgroup> cgroup = plan_cgroup_before_start(config);
-        SandboxPlan plan = plan_run(config, cgroup ? &*cgroup : nullptr);
-        // 3. The channels: the supervisor's report, init's channel (cgroup, terminal), and the
-        //    supervisor's for the shared image server's mount.
-        Pipe report = make_pipe("supervisor report");
-        auto [channel, init_channel] = make_message_channel("the sandbox's channel");
-        auto [image_handoff, supervisor_image_handoff] =
-            may_share_image(access, config) ? make_message_channel("the image's channel")
-                                            : std::pair<UniqueFd, UniqueFd>{};
-        // 4. The payload's stdio: relayed where the caller's cannot be handed over as it is.
-        StdioRelay relay(config.output_limit_bytes, config.tty, channel.get());
-        std::optional<ScopedIgnoreSigpipe> ignore_sigpipe;
-        if (relay.active()) ignore_sigpipe.emplace();
-
-        // 5. The supervisor, in a new user and mount namespace.
-        block.emplace();
-        const pid_t launcher = ::getpid();
-        const pid_t pid = clone_into_user_namespace(CLONE_NEWNS, "the sandbox's user namespace");
-        if (pid == 0) {
-            report.read_end.reset();
-            channel.reset();
-            if (relay.active()) adopt_diagnostics_fd(relay.install_in_child());
-            run_supervisor({&plan, &image, launcher, std::move(report.write_end),
-                            std::move(init_channel), std::move(supervisor_image_handoff),
-                            SharedImage{}});
-        }
-        ChildProcess supervisor(pid);
-        report.write_end.reset();
-        relay.close_child_ends();
-        init_channel.reset();
-        supervisor_image_handoff.reset();
-
-        // 6. While the sandbox is being set up: the image's shared server (started if none runs
-        //    yet), whose mount the supervisor waits for; then the cgroup, which init joins.
-        if (image_handoff) {
-            share_image_with_supervisor(access, image, config, image_handoff.get());
-            image_handoff.reset();
-        }
-        hand_over_cgroup(config, cgroup, channel.get());
-        // 7. Signals forwarded and stdio relayed until the sandbox is gone; then the cgroup goes
-        //    while the supervisor tears its mounts down.
-        bool oom_killed = false;
-        const Supervision supervision = supervise(supervisor, relay, report.read_end.get(), [&] {
-            if (!cgroup) return;
-            oom_killed = cgroup->oom_killed();
-            cgroup->remove();
-        });
-        // 8. The record, handed to the caller while the forwarded signals are still held.
-        result =
-            result_of(supervision, relay, config, plan, cgroup ? &*cgroup : nullptr, oom_killed);
-        result.image_access = access.mode;
+        result = launch(config);
     } catch (const Error& e) {
-        print_error(e.what());
-        result = RunResult{};
-        result.seccomp = config.seccomp_profile;
-        result.exit_status = kExitSqboxFailure;
-        result.error = e.what();
+        if (const std::optional<int> signal = pending_forwarded_signal()) {
+            // What failed was stopped by it (an unpacking): the signal is the reason.
+            result = stopped_before_start(config, *signal);
+        } else {
+            print_error(e.what());
+            result = RunResult{};
+            result.seccomp = config.seccomp_profile;
+            result.exit_status = kExitSqboxFailure;
+            result.error = e.what();
+        }
     }
     if (handle_result) handle_result(result);
     return result;

@@ -18,11 +18,16 @@ bool is_forwarded_signal(int sig) {
            kForwardedSignals.end();
 }
 
-sigset_t pipeline_signals() {
+sigset_t forwarded_signals() {
     sigset_t set;
     sigemptyset(&set);
-    sigaddset(&set, SIGCHLD);
     for (int sig : kForwardedSignals) sigaddset(&set, sig);
+    return set;
+}
+
+sigset_t pipeline_signals() {
+    sigset_t set = forwarded_signals();
+    sigaddset(&set, SIGCHLD);
     return set;
 }
 
@@ -33,6 +38,16 @@ ScopedSignalBlock::ScopedSignalBlock() {
 
 ScopedSignalBlock::~ScopedSignalBlock() {
     (void)::sigprocmask(SIG_SETMASK, &previous_, nullptr);
+}
+
+std::optional<int> pending_forwarded_signal() noexcept {
+    sigset_t pending;
+    // sigpending fails only for a bad pointer.
+    if (::sigpending(&pending) != 0) return std::nullopt;
+    for (int sig : kForwardedSignals) {
+        if (sigismember(&pending, sig) == 1) return sig;
+    }
+    return std::nullopt;
 }
 
 std::optional<siginfo_t> wait_for_signal(std::optional<long> timeout_ms, int also) {

@@ -11,6 +11,9 @@ namespace sqbox {
 // SIGINT, SIGTERM, SIGHUP, SIGQUIT: passed from sqbox down to the payload.
 bool is_forwarded_signal(int sig);
 
+// The forwarded signals.
+sigset_t forwarded_signals();
+
 // The forwarded signals plus SIGCHLD.
 sigset_t pipeline_signals();
 
@@ -26,6 +29,9 @@ class ScopedSignalBlock {
   private:
     sigset_t previous_{};
 };
+
+// The first forwarded signal pending for this process (blocked, not yet taken), if any.
+std::optional<int> pending_forwarded_signal() noexcept;
 
 // Waits for one of pipeline_signals() (and `also`, if not 0, blocked by the caller); with a
 // timeout in milliseconds, returns nullopt when it expires. EINTR is retried.

@@ -6,11 +6,13 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/signalfd.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <exception>
@@ -152,12 +154,23 @@ std::string run_confined(int directory_fd, const std::vector<int>& keep_fds,
                                                             std::chrono::steady_clock::now())
             .count();
     };
+    // Readable while one of the stop signals is pending; never read, so it stays pending for the
+    // caller to see.
+    UniqueFd stop;
+    if (limits.stop_signals) {
+        stop.reset(::signalfd(-1, &*limits.stop_signals, SFD_CLOEXEC | SFD_NONBLOCK));
+        if (!stop) throw system_error("signalfd");
+    }
     std::string received;
     for (long left = time_left_ms(); left > 0; left = time_left_ms()) {
-        pollfd pfd{report.read_end.get(), POLLIN, 0};
-        const int ready = ::poll(&pfd, 1, static_cast<int>(left));
+        std::array<pollfd, 2> fds{{{report.read_end.get(), POLLIN, 0}, {stop.get(), POLLIN, 0}}};
+        const int ready = ::poll(fds.data(), fds.size(), static_cast<int>(left));
         if (ready < 0 && errno != EINTR) break;
         if (ready <= 0) continue;
+        if (fds[1].revents != 0) {
+            child.kill_and_reap();
+            throw Error("stopped by a signal");
+        }
         char buffer[4096];
         const ssize_t got = ::read(report.read_end.get(), buffer, sizeof buffer);
         if (got < 0 && errno == EINTR) continue;

@@ -8,8 +8,10 @@
 #pragma once
 
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,9 @@ struct ConfinedLimits {
     std::chrono::milliseconds time_limit{10000};
     // It may also create symbolic links (symlinkat) beneath its directory: image/image_unpack.h.
     bool make_symlinks = false;
+    // Signals the caller holds blocked whose arrival abandons the work (a user's Ctrl-C during
+    // minutes of unpacking): the child is killed and Error thrown, the signal left pending.
+    std::optional<sigset_t> stop_signals;
 };
 
 // Runs `work` in a confined child whose writable world is the directory open at `directory_fd`,
@@ -29,7 +34,8 @@ struct ConfinedLimits {
 // of its own, without a terminal), holds no capability (a root caller's child drops them all),
 // and may make only the system calls of reading and writing files (seccomp; anything else, a
 // new process included, fails with EPERM). Throws Error with the reason if `work` threw (its
-// message), or the child died, ran out of time or could not be confined; without Landlock
+// message), or the child died, ran out of time, could not be confined or one of
+// `limits.stop_signals` came; without Landlock
 // (kernels before 5.13, or disabled) it runs nothing and throws.
 std::string run_confined(int directory_fd, const std::vector<int>& keep_fds,
                          const std::function<std::string()>& work,

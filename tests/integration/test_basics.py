@@ -194,6 +194,35 @@ def test_a_sigterm_as_the_sandbox_ends_leaves_the_record_and_the_status(sqbox_bi
         assert proc.returncode == 143, (attempt, err)
 
 
+def hold_and_send_sigterm():
+    """For Popen's preexec_fn: SIGTERM held and already sent, so that it waits through the exec
+    for sqbox's launch to find it, as one sent just after a batch system started the task would."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_sigterm_before_the_sandbox_starts_stops_it_and_leaves_the_record(sqbox_bin,
+                                                                           busybox_image,
+                                                                           tmp_path):
+    """A batch system may signal a task it has only just started. sqbox holds the forwarded
+    signals from the start of its launch: one that came before the sandbox exists starts
+    nothing, and sqbox ends as if it had ended the command (143), with its record."""
+    record_path = tmp_path / "r.json"
+    out = tmp_path / "out"
+    out.mkdir()
+    result = subprocess.run(
+        [sqbox_bin, "run", "--json", str(record_path), "--mount", f"{out}:/out", busybox_image,
+         "--", "touch", "/out/ran"],
+        preexec_fn=hold_and_send_sigterm, capture_output=True, text=True, timeout=60)
+    said = "stopped by SIGTERM before the sandbox started: nothing ran"
+    assert result.returncode == 143, result.stderr
+    assert result.stderr == f"sqbox: {said}\n"
+    record = json.loads(record_path.read_text())
+    assert (record["exit_code"], record["started"], record["signal"], record["error"]) == (
+        143, False, None, said), record
+    assert list(out.iterdir()) == []
+
+
 def test_orphans_die_with_the_payload(sqbox, busybox_image):
     start = time.monotonic()
     result = sqbox.run(busybox_image, "sh", "-c",

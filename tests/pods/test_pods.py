@@ -423,6 +423,25 @@ def test_runs_unpacking_at_once_share_one_complete_copy(make_pod):
     assert len(entries) == 1 and ".tmp." not in entries[0] and ".old." not in entries[0]
 
 
+def test_a_signal_stops_an_unpacking_and_nothing_is_left(make_pod):
+    """Unpacking a large image takes minutes; sqbox holds the forwarded signals during it, and one
+    that comes (here: SIGTERM, already sent as sqbox starts) stops it at once: the half-made copy
+    goes, nothing runs, and sqbox ends with 143 and its record."""
+    pod = unpacking_pod(make_pod)
+    hold_and_send = ("import os, signal, sys; "
+                     "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM}); "
+                     "os.kill(os.getpid(), signal.SIGTERM); os.execv(sys.argv[1], sys.argv[1:])")
+    result = pod.run("/usr/bin/python3", "-c", hold_and_send, POD_BIN, "run", "--json",
+                     "/work/record.json", "--mount", "/work:/out", BUSYBOX, "--", "touch", "/out/ran")
+    said = "stopped by SIGTERM before the sandbox started: nothing ran"
+    assert result.returncode == 143, result.stderr
+    assert one_line(result.stderr) == f"sqbox: {said}"
+    record = json.loads((Path(pod.work) / "record.json").read_text())
+    assert (record["exit_code"], record["started"], record["error"]) == (143, False, said)
+    assert not (Path(pod.work) / "ran").exists()
+    assert cache_entries(pod) == []
+
+
 def test_what_a_killed_unpacking_left_behind_is_removed_by_the_next_run(make_pod):
     pod = unpacking_pod(make_pod)
     leftover = Path(pod.cache) / "images" / "0-0-0-0.0-0.0.tmp.AbCdEf"
