@@ -31,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/fuse_flushes.h"
 #include "runtime/host_probes.h"
 #include "runtime/mounts.h"
 #include "runtime/rootfs.h"
@@ -456,80 +457,6 @@ void serve_launchers(int listener, ChildProcess& server, const std::string& iden
     }
 }
 
-// How far stop_flushes looks for a file: directories listed, entries looked at.
-constexpr int kFlushStopDirectories = 64;
-constexpr int kFlushStopEntries = 4096;
-
-// Opens and closes `name` in `dir` if it is a regular file; true if it was one.
-bool open_and_close_file(int dir, const char* name) {
-    UniqueFd file(::openat(dir, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
-    if (!file) {
-        if (is_lost_image_server(errno)) throw system_error("the image server is gone");
-        return false;  // unreadable (a corrupt inode, say): another will do
-    }
-    struct stat st {};
-    if (::fstat(file.get(), &st) != 0) throw system_error("cannot stat a file of the image");
-    if (!S_ISREG(st.st_mode)) return false;  // closing anything else sends no FLUSH
-    // The FLUSH is sent, and refused, here: close reports its failure.
-    if (::close(file.release()) != 0) throw system_error("cannot close a file of the image");
-    return true;
-}
-
-// The image server opens files with no message (FileOpens::kWithoutMessages), so until one FLUSH
-// has been refused each close of a file of the image sends FLUSH and waits for its answer, without
-// end and deaf to SIGKILL. Such a close must never be made by the image server itself: killed (a
-// crash on a corrupt image, this process's end) while its read-ahead thread holds files of the
-// mount, its last thread closes them as it exits and waits for an answer only the dying process
-// could give, and neither it nor its connection nor the sandboxes on it ever end (as
-// test_sandboxes_whose_init_fails_at_once_always_end saw of a server's own before FOPEN_NOFLUSH).
-// So this process opens and closes one regular file of the image before it hands out a mount:
-// the image server refuses that FLUSH, and the kernel sends FLUSH on the connection no more (a
-// flag of the connection, shared by every copy of the mount). Nothing else holds a file of it
-// before: no sandbox has a copy yet, and the read-ahead thread opens files only after reads, which
-// this makes none of. This wait is safe: this process is not the image server, and should the
-// server die meanwhile, its connection goes with it (this process holds no /dev/fuse) and the
-// close returns. Found by a bounded walk, breadth first, opening directories lazily (an image's
-// root usually holds none; /etc many). Throws Error when it finds none: no mount is handed out
-// then, and sandboxes serve their images themselves.
-void stop_flushes(const std::string& image_dir) {
-    const UniqueFd root(::open(image_dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
-    if (!root) throw system_error("cannot open " + image_dir);
-    std::deque<std::string> directories{"."};
-    int listed = 0;
-    int entries = 0;
-    while (!directories.empty() && listed < kFlushStopDirectories) {
-        open_how how{};
-        how.flags = O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC;
-        how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_XDEV;
-        UniqueFd dir(static_cast<int>(
-            ::syscall(SYS_openat2, root.get(), directories.front().c_str(), &how, sizeof how)));
-        if (!dir && is_lost_image_server(errno)) throw system_error("the image server is gone");
-        const std::string path = std::move(directories.front());
-        directories.pop_front();
-        if (!dir) continue;
-        ++listed;
-        const int dir_fd = dir.get();
-        std::unique_ptr<DIR, int (*)(DIR*)> listing(::fdopendir(dir_fd), ::closedir);
-        if (!listing) throw system_error("cannot list " + path + " of the image");
-        (void)dir.release();  // the listing's now
-        for (;;) {
-            errno = 0;
-            const dirent* entry = ::readdir(listing.get());
-            if (entry == nullptr) {
-                if (is_lost_image_server(errno)) throw system_error("the image server is gone");
-                break;
-            }
-            const std::string name = entry->d_name;
-            if (name == "." || name == "..") continue;
-            if (++entries > kFlushStopEntries) break;
-            if (entry->d_type == DT_REG && open_and_close_file(dir_fd, name.c_str())) return;
-            if (entry->d_type == DT_DIR) directories.push_back(path + "/" + name);
-        }
-        if (entries > kFlushStopEntries) break;
-    }
-    throw Error("found no regular file near the image's root to open first");
-}
-
 // The server's process: in a user and mount namespace of its own, it mounts the image, forks the
 // confined image server (as a sandbox's supervisor does), and hands out copies of the mount. It
 // reads the user's key from `key_fd` only after that fork: the image server parses images that
@@ -558,7 +485,8 @@ void stop_flushes(const std::string& image_dir) {
         if (socket_name != "@" + server_name(identity, key)) {
             throw Error("the image server's name " + socket_name + " is not its image's");
         }
-        stop_flushes(kImageDir);
+        // Before any mount is handed out; this process holds no /dev/fuse (runtime/fuse_flushes.h).
+        stop_fuse_flushes(kImageDir);
         serve_launchers(listener.get(), server, identity, key, idle);
         why.clear();
     } catch (const Error& e) {

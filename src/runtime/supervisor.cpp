@@ -115,7 +115,7 @@ ChildProcess start_image_server(const ImageSource& image, int fuse_fd, const IdM
 
 ChildProcess mount_image_and_serve(const ImageSource& image, const IdMapping& ids,
                                    const std::vector<int>& close_in_server, UniqueFd* keep_fuse,
-                                   ServerRecord* record) {
+                                   ServerRecord* record, FileOpens file_opens) {
     UniqueFd fuse;
     if (image.kind == ImageSource::Kind::kSquashfs) {
         fuse.reset(::open("/dev/fuse", O_RDWR | O_CLOEXEC));
@@ -124,7 +124,8 @@ ChildProcess mount_image_and_serve(const ImageSource& image, const IdMapping& id
     enter_scratch_root();
     mount_image(image, fuse.get(), ids);
     if (image.kind != ImageSource::Kind::kSquashfs) return {};
-    ChildProcess server = start_image_server(image, fuse.get(), ids, close_in_server, record);
+    ChildProcess server =
+        start_image_server(image, fuse.get(), ids, close_in_server, record, file_opens);
     // Unless kept, `fuse` closes here: the server holds the connection now, and it ends with it.
     if (keep_fuse != nullptr) *keep_fuse = std::move(fuse);
     return server;

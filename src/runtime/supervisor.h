@@ -38,7 +38,8 @@ IdMapping map_ids_and_seal(const SandboxConfig& config);
 // /dev/fuse in `keep_fuse` and a ServerRecord, to start another server if this one dies.
 ChildProcess mount_image_and_serve(const ImageSource& image, const IdMapping& ids,
                                    const std::vector<int>& close_in_server,
-                                   UniqueFd* keep_fuse = nullptr, ServerRecord* record = nullptr);
+                                   UniqueFd* keep_fuse = nullptr, ServerRecord* record = nullptr,
+                                   FileOpens file_opens = FileOpens::kAnswered);
 
 // Forks a confined image server (runtime/image_server_confinement.h) answering on `fuse_fd`;
 // `file_opens` says how it answers opens (FileOpens).

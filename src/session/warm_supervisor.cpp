@@ -8,16 +8,22 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
+#include <cstring>
 #include <map>
 #include <new>
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "runtime/fuse_flushes.h"
 #include "runtime/init.h"
+#include "runtime/rootfs.h"
 #include "runtime/signals.h"
 #include "runtime/stage_report.h"
 #include "runtime/supervisor.h"
@@ -46,6 +52,79 @@ struct RunningSandbox {
     bool timed_out = false;
     Clock::time_point started;
 };
+
+// How long the first close of a file of the image may take (stop_flushes_before_any_sandbox).
+constexpr std::chrono::seconds kFlushStopTimeout{10};
+
+// The request a dead server had read and not answered: the kernel would wait for its answer for
+// good (a FLUSH, deaf to SIGKILL, among them), so it is failed with EIO here.
+void answer_lost_request(int fuse_fd, ServerRecord* record) {
+    if (record == nullptr || record->request_unique == 0) return;
+    struct {
+        uint32_t length;
+        int32_t error;
+        uint64_t unique;
+    } reply{16, -EIO, record->request_unique};
+    record->request_unique = 0;
+    // ENOENT: it had been answered (or the id was not a request's).
+    (void)!::write(fuse_fd, &reply, sizeof reply);
+}
+
+// The image server opens files with no message (FileOpens::kWithoutMessages), which spares each
+// sandbox's payload a round trip per file it opens (Python's start opens about 30), and so the
+// first FLUSH must be refused before anything holds a file of the mount (runtime/fuse_flushes.h).
+// This process keeps the connection's /dev/fuse (`fuse`) to restart servers, so a close waiting on
+// a server that died would wait for good: a child makes it, and should the server die or hang
+// meanwhile, this process ends the child's wait (below) and closes `fuse`. Throws Error then, or
+// when the image has no regular file near its root.
+void stop_flushes_before_any_sandbox(ChildProcess& server, UniqueFd& fuse, ServerRecord* record) {
+    Pipe failure = make_pipe("the first close's report");
+    const pid_t self = ::getpid();
+    const pid_t pid = ::fork();
+    if (pid < 0) throw system_error("cannot start the first close of a file of the image");
+    if (pid == 0) {
+        die_with_parent(self);
+        failure.read_end.reset();
+        try {
+            close_fds_except({failure.write_end.get()});  // no /dev/fuse, no server channel
+            stop_fuse_flushes(kImageDir);
+        } catch (const Error& e) {
+            (void)!::write(failure.write_end.get(), e.what(), std::strlen(e.what()));
+            ::_exit(1);
+        }
+        ::_exit(0);
+    }
+    ChildProcess child(pid);
+    failure.write_end.reset();
+    const UniqueFd child_exit(static_cast<int>(::syscall(SYS_pidfd_open, child.pid(), 0)));
+    const UniqueFd server_exit(static_cast<int>(::syscall(SYS_pidfd_open, server.pid(), 0)));
+    if (!child_exit || !server_exit) throw system_error("pidfd_open");
+    const auto deadline = Clock::now() + kFlushStopTimeout;
+    for (;;) {
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+        pollfd fds[2] = {{child_exit.get(), POLLIN, 0}, {server_exit.get(), POLLIN, 0}};
+        const int ready = ::poll(fds, 2, static_cast<int>(std::max<long long>(0, left.count())));
+        if (ready < 0 && errno != EINTR) throw system_error("poll");
+        if (fds[0].revents != 0) break;
+        if (fds[1].revents == 0 && left.count() > 0) continue;
+        // The server is gone, or stuck. A fatal signal ends the child's every wait but a FLUSH's;
+        // that one ends when the request the server took fails (EIO), or, not yet taken, when the
+        // connection goes with this process's /dev/fuse (sqbox serve does not start).
+        child.send(SIGKILL);
+        server.send(SIGKILL);
+        const int status = server.wait();
+        answer_lost_request(fuse.get(), record);
+        fuse.reset();
+        (void)child.wait();
+        throw Error(fds[1].revents != 0 ? describe_image_server_death(status)
+                                        : "the image server did not answer within " +
+                                              std::to_string(kFlushStopTimeout.count()) + " s");
+    }
+    const int status = child.wait();
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
+    const std::string why = read_all(failure.read_end.get(), "the first close's report");
+    throw Error("image: " + (why.empty() ? std::string("cannot close a file of it") : why));
+}
 
 json report_to_json(uint64_t key, const StageReport& report) {
     return {{"key", key},
@@ -143,22 +222,10 @@ class WarmSupervisor {
             print_error(death + "; stopping every sandbox");
             ::_exit(kExitSqboxFailure);
         }
-        answer_lost_request();
-        fuse_server_ =
-            start_image_server(*context_.image, fuse_.get(), ids_, {context_.control_fd}, record_);
+        answer_lost_request(fuse_.get(), record_);
+        fuse_server_ = start_image_server(*context_.image, fuse_.get(), ids_, {context_.control_fd},
+                                          record_, FileOpens::kWithoutMessages);
         print_error(death + "; started another (the request it was answering failed with EIO)");
-    }
-
-    void answer_lost_request() {
-        if (record_ == nullptr || record_->request_unique == 0) return;
-        struct {
-            uint32_t length;
-            int32_t error;
-            uint64_t unique;
-        } reply{16, -EIO, record_->request_unique};
-        record_->request_unique = 0;
-        // ENOENT: it had been answered (or the id was not a request's).
-        (void)!::write(fuse_.get(), &reply, sizeof reply);
     }
 
     void finish(uint64_t key, RunningSandbox& sandbox) {
@@ -328,8 +395,9 @@ void run_warm_supervisor(const WarmSupervisorContext& context) {
         if (shared == MAP_FAILED) throw system_error("cannot map the image server's record");
         auto* record = new (shared) ServerRecord;
         UniqueFd fuse;
-        ChildProcess server =
-            mount_image_and_serve(*context.image, ids, {context.control_fd}, &fuse, record);
+        ChildProcess server = mount_image_and_serve(*context.image, ids, {context.control_fd},
+                                                    &fuse, record, FileOpens::kWithoutMessages);
+        if (server.running()) stop_flushes_before_any_sandbox(server, fuse, record);
         if (::mkdir("/session", 0755) != 0) throw system_error("cannot create /session");
         write_file_at(AT_FDCWD, kDriverPathInScratch, context.driver_source, O_EXCL | O_NOFOLLOW,
                       0644);

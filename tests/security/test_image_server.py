@@ -13,6 +13,7 @@ import signal
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -258,6 +259,108 @@ def test_sandboxes_whose_init_fails_at_once_always_end(box, busybox_rootfs, tmp_
                 if run.poll() is None:
                     run.kill()
                     run.wait()
+
+
+def pooled_sandbox_is_ready(server_pid):
+    """Whether sqbox serve holds a pooled sandbox whose root is complete: an init (PID 1 of a
+    pid namespace of its own) whose mount namespace has its overlay root and /proc."""
+    for supervisor in children(server_pid):
+        for pid in children(supervisor):
+            try:
+                if len(status_fields(pid)["NSpid"].split()) != 2:
+                    continue
+                mounts = [line.partition(" - ")
+                          for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()]
+            except (FileNotFoundError, ProcessLookupError, KeyError):
+                continue
+            points = {(left.split()[4], right.split()[0]) for left, _, right in mounts}
+            if ("/", "overlay") in points and ("/proc", "proc") in points:
+                return True
+    return False
+
+
+def test_under_serve_files_of_the_image_open_without_asking_its_server(sqbox_bin, python_image):
+    """sqbox serve's image server opens files with no message (no OPEN, RELEASE or FLUSH: a round
+    trip less for each file a payload opens, docs/serve.md): once a run has read what Python's
+    start reads, a pooled sandbox starts Python again with the image server stopped, from what
+    the kernel keeps. With a round trip per open, the run would wait for the server, and time
+    out."""
+    server = subprocess.Popen([sqbox_bin, "serve", "--pool", "1", python_image],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    run = {"op": "run", "code": "import json; print(json.dumps(6 * 7))", "timeout": 20}
+    image_server = None
+    try:
+        server.stdin.write(json.dumps(dict(run, id=1)) + "\n")
+        server.stdin.flush()
+        assert json.loads(server.stdout.readline())["stdout"] == "42\n"
+        deadline = time.monotonic() + 20
+        while not pooled_sandbox_is_ready(server.pid):
+            assert time.monotonic() < deadline, "no pooled sandbox after the first run"
+            time.sleep(0.05)
+        image_server = find_image_server(server.pid)
+        os.kill(image_server, signal.SIGSTOP)
+        server.stdin.write(json.dumps(dict(run, id=2)) + "\n")
+        server.stdin.flush()
+        answer = json.loads(server.stdout.readline())
+        assert (answer["exit_code"], answer["timed_out"], answer["stdout"]) == (0, False, "42\n"), (
+            answer)
+    finally:
+        if image_server is not None:
+            os.kill(image_server, signal.SIGCONT)
+        server.stdin.close()
+        server.wait(timeout=SANDBOX_TIMEOUT + GRACE)
+    assert server.returncode == 0 and server.stderr.read() == ""
+
+
+def serve_until_closed(sqbox_bin, image):
+    """sqbox serve of `image`, its stdin closed at once: (status, stderr lines)."""
+    server = subprocess.run([sqbox_bin, "serve", str(image)], stdin=subprocess.DEVNULL,
+                            capture_output=True, text=True, timeout=SANDBOX_TIMEOUT + GRACE)
+    return server.returncode, server.stderr.splitlines()
+
+
+def test_under_serve_an_image_without_files_near_its_root_is_refused_in_one_line(sqbox_bin,
+                                                                                tmp_path):
+    """Before its first sandbox sqbox serve opens and closes one regular file near the image's
+    root (docs/serve.md): without one it refuses the image, and leaves nothing."""
+    tree = tmp_path / "tree"
+    (tree / "a" / "b" / "c").mkdir(parents=True)
+    (tree / "link").symlink_to("a")
+    image = tmp_path / "nofiles.sqsh"
+    subprocess.run(["mksquashfs", str(tree), str(image), "-noappend", "-quiet", "-no-progress"],
+                   check=True, stdout=subprocess.DEVNULL, timeout=120)
+    connections_before = fuse_connections()
+    assert serve_until_closed(sqbox_bin, image) == (125, [
+        "sqbox: the sandbox supervisor failed to start: image: found no regular file near the "
+        "image's root to open first"])
+    assert new_fuse_connections(connections_before) == []
+
+
+def test_under_serve_corrupted_images_end_in_one_line_never_a_hang(sqbox_bin, small_image_and_tools,
+                                                                  tmp_path):
+    """The walk sqbox serve makes before its first sandbox reads the image's directories: on a
+    corrupted one it starts, or ends with one line; it never waits for good, nor leaves a FUSE
+    connection."""
+    base_image, _ = small_image_and_tools
+    data = base_image.read_bytes()
+    inode_table, _, tables_end = squashfs_tables(data)
+    connections_before = fuse_connections()
+    outcomes = {}
+    for seed in range(30):
+        rng = random.Random(1000 + seed)
+        corrupted = bytearray(data)
+        for _ in range(rng.randint(1, 8)):
+            corrupted[rng.randrange(inode_table, tables_end)] ^= rng.randint(1, 255)
+        image = tmp_path / f"corrupted-{seed}.sqsh"
+        image.write_bytes(corrupted)
+        status, lines = serve_until_closed(sqbox_bin, image)
+        assert (status, lines) == (0, []) or (status == 125 and len(lines) == 1
+                                              and lines[0].startswith("sqbox: ")), (seed, lines)
+        outcomes.setdefault(status, []).append(lines)
+        image.unlink()
+    assert 0 in outcomes, outcomes
+    assert new_fuse_connections(connections_before) == []
 
 
 def test_under_serve_a_crashed_image_server_is_replaced_and_sessions_go_on(sqbox_bin,
