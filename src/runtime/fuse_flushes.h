@@ -19,8 +19,9 @@ namespace sqbox {
 // server; and the caller must see that the close cannot wait for good: either it holds no
 // /dev/fuse of the connection (should the server die meanwhile, the connection goes with it and
 // the close returns), or whoever holds one answers the request a dead server took (sqbox serve:
-// session/warm_supervisor.cpp). The file is found by a bounded walk, breadth first, opening
-// directories lazily (an image's root usually holds none; /etc many). Throws Error when it finds
+// session/warm_supervisor.cpp). The file is /etc/passwd where that is one, else found by a
+// bounded walk, breadth first, opening directories lazily (an image's root usually holds none;
+// /etc many). Throws Error when it finds
 // none, or the server is gone.
 void stop_fuse_flushes(const std::string& image_dir);
 
