@@ -45,8 +45,15 @@ def find_image_server(launcher_pid):
     the supervisor's pid namespace (init is PID 1 of a new one, so its NSpid has two ids)."""
     supervisors = children(launcher_pid)
     assert len(supervisors) == 1, f"the launcher's children: {supervisors}"
+
+    def nspid_depth(pid):
+        try:
+            return len(status_fields(pid)["NSpid"].split())
+        except OSError:  # gone meanwhile
+            return 0
+
     servers = [pid for pid in children(supervisors[0])
-               if len(status_fields(pid)["NSpid"].split()) == 1 and pid not in children(launcher_pid)]
+               if nspid_depth(pid) == 1 and pid not in children(launcher_pid)]
     assert len(servers) == 1, f"the supervisor's children: {children(supervisors[0])}"
     return servers[0]
 
@@ -271,7 +278,7 @@ def pooled_sandbox_is_ready(server_pid):
                     continue
                 mounts = [line.partition(" - ")
                           for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()]
-            except (FileNotFoundError, ProcessLookupError, KeyError):
+            except (OSError, KeyError):  # gone meanwhile
                 continue
             points = {(left.split()[4], right.split()[0]) for left, _, right in mounts}
             if ("/", "overlay") in points and ("/proc", "proc") in points:
