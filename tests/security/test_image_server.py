@@ -180,17 +180,23 @@ WALK = ("B=/tools/busybox; $B find / \\( -path /proc -o -path /dev -o -path /sys
         " exit 0")
 
 
-def test_corrupted_images_end_in_one_line_never_a_hang(box, small_image_and_tools, tmp_path):
-    base_image, tools = small_image_and_tools
-    data = base_image.read_bytes()
+def corrupted_copies(image, seeds):
+    """(seed, the image with 1 to 8 bytes of its inode or directory tables flipped) per seed."""
+    data = image.read_bytes()
     inode_table, _, tables_end = squashfs_tables(data)
-    connections_before = fuse_connections()
-    outcomes = {}
-    for seed in range(60):
+    for seed in seeds:
         rng = random.Random(seed)
         corrupted = bytearray(data)
-        for _ in range(rng.randint(1, 8)):  # inode or directory table bytes
+        for _ in range(rng.randint(1, 8)):
             corrupted[rng.randrange(inode_table, tables_end)] ^= rng.randint(1, 255)
+        yield seed, corrupted
+
+
+def test_corrupted_images_end_in_one_line_never_a_hang(box, small_image_and_tools, tmp_path):
+    base_image, tools = small_image_and_tools
+    connections_before = fuse_connections()
+    outcomes = {}
+    for seed, corrupted in corrupted_copies(base_image, range(60)):
         image = tmp_path / f"corrupted-{seed}.sqsh"
         image.write_bytes(corrupted)
         image.chmod(0o644)
@@ -350,15 +356,9 @@ def test_under_serve_corrupted_images_end_in_one_line_never_a_hang(sqbox_bin, sm
     corrupted one it starts, or ends with one line; it never waits for good, nor leaves a FUSE
     connection."""
     base_image, _ = small_image_and_tools
-    data = base_image.read_bytes()
-    inode_table, _, tables_end = squashfs_tables(data)
     connections_before = fuse_connections()
     outcomes = {}
-    for seed in range(30):
-        rng = random.Random(1000 + seed)
-        corrupted = bytearray(data)
-        for _ in range(rng.randint(1, 8)):
-            corrupted[rng.randrange(inode_table, tables_end)] ^= rng.randint(1, 255)
+    for seed, corrupted in corrupted_copies(base_image, range(1000, 1030)):
         image = tmp_path / f"corrupted-{seed}.sqsh"
         image.write_bytes(corrupted)
         status, lines = serve_until_closed(sqbox_bin, image)
