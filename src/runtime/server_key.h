@@ -23,6 +23,11 @@ inline ServerKey random_key_bytes() {
     return random_bytes<kServerKeyBytes>();
 }
 
+// The bytes of a key, challenge or proof as the text of a message (or a proof's input).
+inline std::string key_text(const ServerKey& bytes) {
+    return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
+}
+
 // The key in `cache_directory` (sqbox_cache_directory()), made there first if it has none:
 // the directory must be the caller's and written by no one else, the key file the caller's,
 // 0600, of exactly kServerKeyBytes. Throws Error saying why not.

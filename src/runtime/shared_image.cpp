@@ -1,9 +1,7 @@
 #include "runtime/shared_image.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <linux/magic.h>
-#include <linux/openat2.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/mount.h>
@@ -12,7 +10,6 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
-#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -24,7 +21,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <future>
 #include <memory>
 #include <string>
@@ -278,13 +274,11 @@ std::optional<SharedImage> request_mount(UniqueFd connection, const std::string&
         throw Error("unexpected greeting from the shared image server");
     }
     const pid_t self = ::getpid();  // the server sees the connection's pid, this one
-    const ServerKey own = random_key_bytes();
-    const std::string_view own_text(reinterpret_cast<const char*>(own.data()), own.size());
-    const ServerKey proof =
-        key_proof(key, ProofRole::kLauncher, identity, self, challenge->text, own_text);
-    std::string request(own_text);
-    request.append(reinterpret_cast<const char*>(proof.data()), proof.size());
-    request += identity;
+    const std::string own_text = key_text(random_key_bytes());
+    const std::string request =
+        own_text +
+        key_text(key_proof(key, ProofRole::kLauncher, identity, self, challenge->text, own_text)) +
+        identity;
     send_fd_message(connection.get(), MessageTag::kImageMount, request, {},
                     "the request to the shared image server");
     const std::optional<FdMessage> answer = server_message(connection.get(), true, deadline);
@@ -357,11 +351,8 @@ void refuse_waiting_launchers(int listener, const std::string& why) {
 bool answer_request(int connection, const std::string& identity, const ServerKey& key) {
     const ucred peer = peer_of(connection);
     if (peer.uid != ::getuid() || !in_sight(peer)) return false;
-    const ServerKey challenge = random_key_bytes();
-    const std::string_view challenge_text(reinterpret_cast<const char*>(challenge.data()),
-                                          challenge.size());
-    send_fd_message(connection, MessageTag::kChallenge, std::string(challenge_text), {},
-                    "the challenge");
+    const std::string challenge_text = key_text(random_key_bytes());
+    send_fd_message(connection, MessageTag::kChallenge, challenge_text, {}, "the challenge");
     if (!wait_readable(connection, kRequestWaitMs)) return false;
     // Its descriptors dropped unread: a close() of one could hold this server for good.
     std::optional<FdMessage> request = receive_message_without_fds(connection);
@@ -384,19 +375,18 @@ bool answer_request(int connection, const std::string& identity, const ServerKey
                         {}, "a refusal");
         return false;
     }
-    const ServerKey own_proof =
-        key_proof(key, ProofRole::kServer, identity, peer.pid, launchers, challenge_text);
+    const std::string own_proof =
+        key_text(key_proof(key, ProofRole::kServer, identity, peer.pid, launchers, challenge_text));
     UniqueFd copy = clone_mount_tree(AT_FDCWD, kImageDir, false, "the shared image mount");
-    send_fd_message(connection, MessageTag::kImageMount,
-                    std::string(reinterpret_cast<const char*>(own_proof.data()), own_proof.size()),
-                    {copy.get()}, "the image mount");
+    send_fd_message(connection, MessageTag::kImageMount, own_proof, {copy.get()},
+                    "the image mount");
     return true;
 }
 
 // Serves launchers until no sandbox has held the image for `idle`, or the image server is gone.
 void serve_launchers(int listener, ChildProcess& server, const std::string& identity,
                      const ServerKey& key, std::chrono::seconds idle) {
-    UniqueFd server_exit(static_cast<int>(::syscall(SYS_pidfd_open, server.pid(), 0)));
+    const UniqueFd server_exit = open_pidfd(server.pid());
     if (!server_exit) throw system_error("pidfd_open of the image server");
     rlimit files{};
     if (::getrlimit(RLIMIT_NOFILE, &files) != 0) throw system_error("getrlimit(RLIMIT_NOFILE)");

@@ -5,7 +5,6 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -88,7 +87,7 @@ class Server final : private SessionPort, private JobEvents {
     // client may start its server from a worker thread.
     void watch_parent() {
         const pid_t parent = ::getppid();
-        parent_.reset(static_cast<int>(::syscall(SYS_pidfd_open, parent, 0)));
+        parent_ = open_pidfd(parent);
         if (!parent_) throw system_error("pidfd_open of the parent process");
         if (::getppid() != parent) stopping_ = true;  // it is already gone
     }

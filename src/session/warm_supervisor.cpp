@@ -8,7 +8,6 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -96,8 +95,8 @@ void stop_flushes_before_any_sandbox(ChildProcess& server, UniqueFd& fuse, Serve
     }
     ChildProcess child(pid);
     failure.write_end.reset();
-    const UniqueFd child_exit(static_cast<int>(::syscall(SYS_pidfd_open, child.pid(), 0)));
-    const UniqueFd server_exit(static_cast<int>(::syscall(SYS_pidfd_open, server.pid(), 0)));
+    const UniqueFd child_exit = open_pidfd(child.pid());
+    const UniqueFd server_exit = open_pidfd(server.pid());
     if (!child_exit || !server_exit) throw system_error("pidfd_open");
     const auto deadline = Clock::now() + kFlushStopTimeout;
     for (;;) {

@@ -93,6 +93,10 @@ void ChildProcess::send(int signal) const {
     if (pid_ > 0) (void)::kill(pid_, signal);  // the child may be exiting: nothing to do then
 }
 
+UniqueFd open_pidfd(pid_t pid) {
+    return UniqueFd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+}
+
 int shell_status(int wait_status) {
     if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
     if (WIFSIGNALED(wait_status)) return kExitSignalBase + WTERMSIG(wait_status);

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "util/unique_fd.h"
+
 namespace sqbox {
 
 // clone(2) without a new stack (fork-like, no CLONE_VM) so that namespace flags such as
@@ -50,6 +52,9 @@ class ChildProcess {
 // Closes every descriptor except `keep` and stdio: nothing the caller leaked into sqbox (or a
 // long-lived sqbox process holds for other sandboxes) stays open in a sandbox's processes.
 void close_fds_except(std::vector<int> keep);
+
+// A pidfd of `pid` (readable once the process has exited), or none with errno set.
+UniqueFd open_pidfd(pid_t pid);
 
 // Exit status as a shell reports it: the code, or 128+N for death by signal N.
 int shell_status(int wait_status);

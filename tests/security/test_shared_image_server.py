@@ -397,6 +397,20 @@ def test_a_payload_finds_no_way_to_the_server_and_cannot_take_its_name(box, cach
     assert "a connection came" not in rest
 
 
+# A listening socket on an abstract name, for the attackers' scripts below that take the
+# caller's server name: `said` goes to stdout once the name is theirs.
+SQUAT = r"""
+import socket
+
+
+def squat(name, said="squatted"):
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(b"\0" + name)
+    listener.listen(8)
+    print(said, flush=True)
+    return listener
+"""
+
 # A launcher's request (runtime/shared_image.cpp, request_mount) with the key given in hex, or a
 # key of its own if none: the server's challenge, then our challenge, our proof and the identity.
 ASK = KEY_PROOF + r"""
@@ -919,14 +933,11 @@ def test_a_shared_parser_killed_while_its_first_sandbox_reads_always_ends(box, c
 # server name first and answers every launcher as a server would, handing it the mount of a server
 # of its own for another image (the attacker's), which it gets with its own key. Its proof to the
 # launcher is made with the caller's key if it is given one, else with its own.
-RELAY = KEY_PROOF + r"""
+RELAY = KEY_PROOF + SQUAT + r"""
 import os, socket, struct, sys
 victim_name, own_name, own_identity = (a.encode() for a in sys.argv[1:4])
 own_key, victims_key = bytes.fromhex(sys.argv[4]), bytes.fromhex(sys.argv[5])
-listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-listener.bind(b"\0" + victim_name)
-listener.listen(8)
-print("squatted", flush=True)
+listener = squat(victim_name)
 kept = []
 while True:
     connection, _ = listener.accept()
@@ -1216,15 +1227,12 @@ def test_a_key_others_could_read_or_choose_is_not_used(box, cache, tmp_path, spo
 # the server's challenge to the launcher, the launcher's answer (its proof) to the server, and
 # the server's answer back, keeping a copy of the mount it carries. With `own_name` it hands the
 # launcher the mount of a server of its own instead (its own image), with the server's proof.
-RELAY_BETWEEN = KEY_PROOF + r"""
+RELAY_BETWEEN = KEY_PROOF + SQUAT + r"""
 import os, socket, sys, time
 victim_name = sys.argv[1].encode()
 own_name, own_identity = sys.argv[2].encode(), sys.argv[3].encode()
 own_key = bytes.fromhex(sys.argv[4]) if sys.argv[4] else b""
-listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-listener.bind(b"\0" + victim_name)
-listener.listen(8)
-print("squatted", flush=True)
+listener = squat(victim_name)
 launcher, _ = listener.accept()
 listener.close()
 print("released", flush=True)
@@ -1316,7 +1324,7 @@ def test_another_container_of_the_callers_uid_cannot_relay_the_callers_proofs(
 # greets each launcher with the descriptor (and a challenge one byte short, which the launcher
 # refuses at once); "launcher": it asks the caller's running server, the descriptor with its
 # request.
-STALLED_FLUSH = r"""
+STALLED_FLUSH = SQUAT + r"""
 import ctypes, os, socket, struct, sys, tempfile, time
 role, name = sys.argv[1], sys.argv[2].encode()
 fuse = os.open("/dev/fuse", os.O_RDWR)
@@ -1359,10 +1367,7 @@ if os.fork() == 0:
 os.close(fuse)
 stalled = os.open(os.path.join(mount_point, "f"), os.O_RDONLY)
 if role == "holder":
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind(b"\0" + name)
-    listener.listen(8)
-    print("ready", flush=True)
+    listener = squat(name, "ready")
     kept = []
     while True:
         connection, _ = listener.accept()

@@ -22,18 +22,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string as_text(const ServerKey& bytes) {
-    return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
-}
-
 TEST(KeyProof, HoldsForItsOwnInputsOnly) {
     const ServerKey key = random_key_bytes();
     const ServerKey other_key = random_key_bytes();
-    const std::string theirs = as_text(random_key_bytes());
-    const std::string mine = as_text(random_key_bytes());
+    const std::string theirs = key_text(random_key_bytes());
+    const std::string mine = key_text(random_key_bytes());
     const ServerKey proof = key_proof(key, ProofRole::kLauncher, "image a", 42, theirs, mine);
-    const std::string text = as_text(proof);
-    EXPECT_EQ(as_text(key_proof(key, ProofRole::kLauncher, "image a", 42, theirs, mine)), text);
+    const std::string text = key_text(proof);
+    EXPECT_EQ(key_text(key_proof(key, ProofRole::kLauncher, "image a", 42, theirs, mine)), text);
     EXPECT_TRUE(is_key_proof(text, key, ProofRole::kLauncher, "image a", 42, theirs, mine));
     EXPECT_FALSE(is_key_proof(text, other_key, ProofRole::kLauncher, "image a", 42, theirs, mine));
     EXPECT_FALSE(is_key_proof(text, key, ProofRole::kServer, "image a", 42, theirs, mine));
@@ -45,10 +41,10 @@ TEST(KeyProof, HoldsForItsOwnInputsOnly) {
         is_key_proof(text.substr(1), key, ProofRole::kLauncher, "image a", 42, theirs, mine));
     EXPECT_FALSE(is_key_proof("", key, ProofRole::kLauncher, "image a", 42, theirs, mine));
     // Where one part ends is part of what is proven.
-    EXPECT_NE(as_text(key_proof(key, ProofRole::kLauncher, "ab", 1, "c", "")),
-              as_text(key_proof(key, ProofRole::kLauncher, "a", 1, "bc", "")));
-    EXPECT_NE(as_text(key_proof(key, ProofRole::kLauncher, "a1", 2, "", "")),
-              as_text(key_proof(key, ProofRole::kLauncher, "a", 12, "", "")));
+    EXPECT_NE(key_text(key_proof(key, ProofRole::kLauncher, "ab", 1, "c", "")),
+              key_text(key_proof(key, ProofRole::kLauncher, "a", 1, "bc", "")));
+    EXPECT_NE(key_text(key_proof(key, ProofRole::kLauncher, "a1", 2, "", "")),
+              key_text(key_proof(key, ProofRole::kLauncher, "a", 12, "", "")));
 }
 
 TEST(ServerKeyTag, DiffersBetweenKeysAndIsStable) {
@@ -67,9 +63,9 @@ ServerKey key_from_pipe(const std::string& bytes) {
 
 TEST(ReadServerKey, TakesExactlyAKey) {
     const ServerKey key = random_key_bytes();
-    EXPECT_EQ(key_from_pipe(as_text(key)), key);
-    EXPECT_THROW(key_from_pipe(as_text(key).substr(0, 31)), Error);
-    EXPECT_THROW(key_from_pipe(as_text(key) + "x"), Error);
+    EXPECT_EQ(key_from_pipe(key_text(key)), key);
+    EXPECT_THROW(key_from_pipe(key_text(key).substr(0, 31)), Error);
+    EXPECT_THROW(key_from_pipe(key_text(key) + "x"), Error);
     EXPECT_THROW(key_from_pipe(""), Error);
 }
 
@@ -89,7 +85,7 @@ TEST(UserServerKey, MakesAPrivateKeyOnceAndKeepsIt) {
 
 TEST(UserServerKey, RefusesAKeyOthersCouldReadOrChoose) {
     TempDirectory temp("server-key");
-    const fs::path cache = temp.path();
+    const fs::path& cache = temp.path();
     fs::permissions(cache, fs::perms::owner_all, fs::perm_options::replace);
     const fs::path file = cache / "image-server.key";
     (void)user_server_key(cache);
