@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from escape_support import GRACE, SANDBOX_TIMEOUT
+import test_image_config as image_config  # for its inotify watch of a host file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "support"))
 
@@ -348,6 +349,26 @@ def test_under_serve_an_image_without_files_near_its_root_is_refused_in_one_line
         "sqbox: the sandbox supervisor failed to start: image: found no regular file near the "
         "image's root to open first"])
     assert new_fuse_connections(connections_before) == []
+
+
+@pytest.mark.parametrize("through_oldroot", [True, False], ids=["oldroot", "absolute"])
+def test_under_serve_the_first_close_opens_no_host_file_an_image_points_at(
+        sqbox_bin, busybox_rootfs, host_sentinel, tmp_path, through_oldroot):
+    """The first close before sqbox serve's first sandbox tries the image's /etc/passwd first
+    (docs/serve.md). A hostile image makes it a symlink to a host file, absolute or through
+    /oldroot (where the supervisor's child sees the host's root): it is passed over, another file
+    of the image is closed instead, and the host file is never even opened."""
+    rootfs = tmp_path / "rootfs"
+    shutil.copytree(busybox_rootfs, rootfs, symlinks=True)
+    (rootfs / "etc" / "passwd").unlink(missing_ok=True)
+    prefix = "/oldroot" if through_oldroot else ""
+    os.symlink(prefix + str(host_sentinel.file), rootfs / "etc" / "passwd")
+    image = tmp_path / "passwd-elsewhere.sqsh"
+    subprocess.run(["mksquashfs", str(rootfs), str(image), "-noappend", "-quiet", "-no-progress"],
+                   check=True, stdout=subprocess.DEVNULL, timeout=120)
+    watch = image_config._OpenWatch(host_sentinel.file)  # noqa: SLF001 (the test module's helper)
+    assert serve_until_closed(sqbox_bin, image) == (0, [])
+    assert not watch.touched()
 
 
 def test_under_serve_corrupted_images_end_in_one_line_never_a_hang(sqbox_bin, small_image_and_tools,
