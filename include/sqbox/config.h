@@ -22,6 +22,10 @@ inline constexpr uint64_t kDefaultOutputLimit = 16 * kMiB;
 // The sandbox's one writable tmpfs: the root's upper layer, /tmp and /dev/shm together.
 inline constexpr uint64_t kDefaultWritableBytes = 1 * kGiB;
 inline constexpr unsigned kDefaultImageServerIdleSeconds = 60;
+// User namespaces serve's zygote may hold at once, one per request running (docs/serve.md).
+inline constexpr unsigned kZygoteUserNamespaces = 1024;
+// Where the zygote's sandbox shows its root a second time, with no mounts beneath (rootfs.cpp).
+inline constexpr const char* kZygoteLowerDir = "/.sqbox-zygote-lower";
 
 // One mount on top of the sandbox's root, from `--mount`, the image's /etc/fstab or an enroot
 // configuration. sqbox always adds nosuid and nodev.
@@ -152,6 +156,13 @@ struct SandboxConfig {
     // bound in (--proc outer: the payload then sees the caller's processes, see SECURITY.md).
     enum class ProcView { kFresh, kOuter };
     ProcView proc_view = ProcView::kFresh;
+
+    // The payload is `sqbox serve --zygote`'s warm interpreter (docs/serve.md, "The zygote"),
+    // which makes each request's sandbox itself: its seccomp filter also allows the unshare,
+    // mount and pivot_root that takes (security/zygote_seccomp.h), user namespaces may be made
+    // below its own, its /proc shows processes only (no masks to lock, so the kernel lets each
+    // child mount one of its own), and Landlock is left to each child (Landlock forbids mounts).
+    bool zygote = false;
 
     friend bool operator==(const SandboxConfig&, const SandboxConfig&) = default;
 };

@@ -89,6 +89,6 @@ SQBOX_JSON_FIELDS(SandboxConfig, image, command, mounts, image_fstab, environmen
                   read_only_root, persistent_layer, tmpfs_size_bytes, timeout_seconds, limits,
                   cgroup_parent, seccomp_profile, output_limit_bytes, tty, outside_uid, outside_gid,
                   outside_user_name, outside_group_name, entrypoint, rc_script, login_shell,
-                  export_image_path, image_server_idle_seconds, verbose, proc_view);
+                  export_image_path, image_server_idle_seconds, verbose, proc_view, zygote);
 
 }  // namespace sqbox

@@ -38,14 +38,14 @@ class AsyncSandbox:
                  env: Optional[Mapping[str, Any]] = None, output_limit: Optional[int] = None,
                  extra_args: Sequence[str] = (), start_timeout: float = 60.0,
                  prestart: Optional[int] = None,
-                 preload: Optional[Iterable[str]] = None) -> None:
+                 preload: Optional[Iterable[str]] = None, zygote: bool = False) -> None:
         self.image = os.fspath(image)
         self._defaults = proto.Defaults(timeout=timeout, memory=memory, mounts=mounts, env=env,
                                         output_limit=output_limit)
         self._start_timeout = start_timeout
         self._argv = proto.serve_argv(find_binary(binary), self.image,
                                       max_parallel=max_parallel, pool=pool,
-                                      extra_args=[*_prestart.serve_args(prestart, preload),
+                                      extra_args=[*_prestart.serve_args(prestart, preload, zygote),
                                                   *extra_args])
         self._proc: Optional[asyncio.subprocess.Process] = None
         self._pending: Dict[Any, "asyncio.Future[Dict[str, Any]]"] = {}

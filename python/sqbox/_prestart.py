@@ -13,12 +13,13 @@ from ._results import Result
 DEFAULT_PRESTART = 2
 
 
-def serve_args(prestart: Optional[int], preload: Optional[Iterable[str]]) -> List[str]:
-    """The `sqbox serve` options for `prestart`/`preload`."""
+def serve_args(prestart: Optional[int], preload: Optional[Iterable[str]],
+               zygote: bool = False) -> List[str]:
+    """The `sqbox serve` options for `prestart`/`preload`/`zygote`."""
     modules = [preload] if isinstance(preload, str) else list(preload or ())
-    if prestart is None and modules:
+    if prestart is None and modules and not zygote:
         prestart = DEFAULT_PRESTART
-    args: List[str] = []
+    args: List[str] = ["--zygote"] if zygote else []
     if prestart is not None:
         args += ["--prestart", str(int(prestart))]
     if modules:

@@ -96,7 +96,9 @@ class Sandbox:
     them (`env` is merged, `mounts` are added). `max_parallel` and `pool` are passed to the
     server as `--max-parallel`/`--pool`; `extra_args` are any further `sqbox serve` options.
     `prestart` keeps that many Python interpreters started ahead for `run_python`, each having
-    imported `preload` (module names; 2 interpreters when only `preload` is given).
+    imported `preload` (module names; 2 interpreters when only `preload` is given). With
+    `zygote`, one warm interpreter that has imported `preload` forks a new sandbox for each
+    `run_python` instead (docs/serve.md, "The zygote").
     """
 
     def __init__(self, image: PathLike, *, binary: Optional[PathLike] = None,
@@ -106,13 +108,13 @@ class Sandbox:
                  env: Optional[Mapping[str, Any]] = None, output_limit: Optional[int] = None,
                  extra_args: Sequence[str] = (), start_timeout: float = 60.0,
                  tool_workers: int = 32, prestart: Optional[int] = None,
-                 preload: Optional[Iterable[str]] = None) -> None:
+                 preload: Optional[Iterable[str]] = None, zygote: bool = False) -> None:
         self.image = os.fspath(image)
         self._defaults = proto.Defaults(timeout=timeout, memory=memory, mounts=mounts, env=env,
                                         output_limit=output_limit)
         argv = proto.serve_argv(find_binary(binary), self.image, max_parallel=max_parallel,
                                 pool=pool,
-                                extra_args=[*_prestart.serve_args(prestart, preload),
+                                extra_args=[*_prestart.serve_args(prestart, preload, zygote),
                                             *extra_args])
 
         self._lock = threading.Lock()  # guards _pending, _sessions, _closed, _lost

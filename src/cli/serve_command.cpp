@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "cli/run_command.h"
+#include "security/zygote_seccomp.h"
 #include "session/prestart.h"
 #include "session/server.h"
 #include "util/errors.h"
@@ -37,10 +38,13 @@ CLI::App* add_serve_subcommand(CLI::App& app, ServeArguments& args) {
                      "keep N Python interpreters started ahead for run_python requests, each in a "
                      "sandbox of its own used once")
         ->type_name("N");
+    serve->add_flag("--zygote", args.zygote,
+                    "serve run_python requests in sandboxes forked from one warm interpreter "
+                    "(docs/serve.md: it trusts the image's python3 with each sandbox's making)");
     serve
         ->add_option("--preload", args.preload,
-                     "modules the pre-started interpreters import before any request "
-                     "(comma-separated, repeatable)")
+                     "modules the pre-started interpreters (or the zygote) import before any "
+                     "request (comma-separated, repeatable)")
         ->delimiter(',')
         ->type_name("MODULE,...");
     serve->add_option("-e,--env", args.env, "set KEY=VAL in every sandbox")->type_name("KEY=VAL");
@@ -90,9 +94,23 @@ int execute_serve(const ServeArguments& args) {
     options.pool = args.pool;
     options.prestart = args.prestart;
     for (const std::string& module : args.preload) check_preload_module(module);
-    if (!args.preload.empty() && args.prestart == 0) {
-        throw Error("--preload: pre-started interpreters import it; give --prestart N too");
+    if (!args.preload.empty() && args.prestart == 0 && !args.zygote) {
+        throw Error(
+            "--preload: pre-started interpreters or the zygote import it; give --prestart N or "
+            "--zygote too");
     }
+    if (args.zygote && args.prestart != 0) {
+        throw Error("--zygote and --prestart both serve run_python: choose one");
+    }
+    if (args.zygote) check_zygote_seccomp_choice(options.base.seccomp_profile);
+    if (args.zygote && (options.base.map_root || options.base.outside_uid == 0)) {
+        // Mapping a parent's uid 0 into a new user namespace takes CAP_SETFCAP there, which no
+        // payload keeps (user_namespace.c, verify_root_map).
+        throw Error(
+            "--zygote: not as root or with --root: the kernel lets the zygote make a user "
+            "namespace for a request only as a user other than root");
+    }
+    options.zygote = args.zygote;
     options.preload = args.preload;
     if (!args.socket.empty()) {
         options.socket_path = std::filesystem::absolute(args.socket).lexically_normal().string();

@@ -16,6 +16,7 @@ struct ServeArguments {
     unsigned max_parallel = 0;
     unsigned pool = 0;
     unsigned prestart = 0;
+    bool zygote = false;
     std::vector<std::string> preload;
     std::vector<std::string> env;
     bool map_root = false;

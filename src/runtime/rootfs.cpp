@@ -142,10 +142,23 @@ void lock_down_proc(int root_fd, const SandboxConfig& config) {
     if (config.proc_view == SandboxConfig::ProcView::kFresh) {
         // No user namespaces below the sandbox's own, even with --seccomp none: a new one would
         // give the payload capabilities over it. (This sysctl is per user namespace: it is ours.)
-        write_file_at(root_fd, "proc/sys/user/max_user_namespaces", "0", O_NOFOLLOW);
+        // serve's zygote makes one for each request's sandbox, whose own seccomp filter then
+        // refuses any deeper (security/zygote_seccomp.h).
+        write_file_at(root_fd, "proc/sys/user/max_user_namespaces",
+                      config.zygote ? std::to_string(kZygoteUserNamespaces) : "0", O_NOFOLLOW);
         limit_ipc(root_fd, config.tmpfs_size_bytes);
     }
-    mask_proc(root_fd, config.outside_uid == 0);
+    if (!config.zygote) {
+        mask_proc(root_fd, config.outside_uid == 0);
+        return;
+    }
+    // serve's zygote: a procfs of only the process directories (subset=pid) on top, so that no
+    // host internals need masking. Masks would be locked mounts over the procfs in each request's
+    // new namespaces, and the kernel would then refuse each its own procfs (mount_proc); this
+    // one covers the whole procfs below, never to be unmounted without capabilities over the
+    // sandbox's mount namespace, which no process in it has.
+    mount_fresh(root_fd, "/proc", "proc", {{"subset", "pid"}},
+                MountAttr::kNoSuid | MountAttr::kNoDev | MountAttr::kNoExec, false);
 }
 
 // A fresh procfs of the sandbox's pid namespace; or, with --proc outer, the caller's own /proc,
@@ -423,6 +436,20 @@ PreparedRoot mount_root_layers(const SandboxConfig& config) {
     return mount_layers(config, {});
 }
 
+// serve's zygote: the root as it is now (the image, the generated /etc), bound read-only at
+// kZygoteLowerDir with nothing mounted beneath, as the lower layer of each request's own root.
+// The kernel lets no overlay take "/" for that in the request's namespaces, where /proc, /dev and
+// /tmp are locked mounts over it; nor a bind of it there. The request's root shows that directory
+// empty (an overlay does not cross mounts).
+void bind_zygote_lower(int root_fd) {
+    UniqueFd target =
+        resolve_in_root(root_fd, kZygoteLowerDir, EntryKind::kDirectory, true, kZygoteLowerDir);
+    UniqueFd copy = clone_mount_tree(root_fd, "", false, "the zygote's lower layer");
+    set_mount_attributes(copy.get(), MountAttr::kReadOnly | MountAttr::kNoSuid | MountAttr::kNoDev,
+                         0, false, "the zygote's lower layer read-only");
+    attach_mount(copy.get(), target.get(), "the zygote's lower layer");
+}
+
 PreparedRoot assemble_rootfs(const SandboxConfig& config) {
     std::vector<GeneratedFile> etc_files = generated_etc_files(config);
     // The sandbox user's accounts merge the image's files: read from the image, so that they can
@@ -435,6 +462,7 @@ PreparedRoot assemble_rootfs(const SandboxConfig& config) {
     const bool persistent = !config.persistent_layer.empty() && !config.read_only_root;
     const int root = prepared.root.get();
     const bool create = prepared.writable;
+    if (config.zygote) bind_zygote_lower(root);
 
     // Order matters: system mounts first, the mount table last so it may sit on top of them.
     mount_proc(root, config, create);

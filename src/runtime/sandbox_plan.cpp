@@ -15,4 +15,10 @@ SandboxPlan build_sandbox_plan(const SandboxConfig& config) {
     return plan;
 }
 
+void make_zygote_plan(SandboxPlan& plan, const SeccompFilter& zygote_filter) {
+    plan.seccomp = zygote_filter;
+    plan.seccomp_before_root_ready = false;
+    plan.landlock_abi = 0;
+}
+
 }  // namespace sqbox

@@ -40,4 +40,9 @@ struct SandboxPlan {
 // the sandbox's cgroup holds when it joins). Throws Error for a profile that cannot be used.
 SandboxPlan build_sandbox_plan(const SandboxConfig& config);
 
+// `plan` made the plan of serve's zygote (SandboxConfig::zygote): its own filter
+// (security/zygote_seccomp.h), installed last, and no Landlock, which would forbid the mounts each
+// request's sandbox takes (each child applies Landlock itself once they are made).
+void make_zygote_plan(SandboxPlan& plan, const SeccompFilter& zygote_filter);
+
 }  // namespace sqbox

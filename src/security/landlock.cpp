@@ -70,16 +70,24 @@ namespace {
 // is -1), nothing elsewhere;
 // from ABI 6 on, no signals or abstract-socket connections outside the domain either, and with
 // `no_tcp` (ABI 4 on) no TCP bind or connect at all.
+// Without the scope the payload could still signal init; init ignores it, but nothing outside
+// the payload's own processes should be reachable at all.
+uint64_t scoped_rights(int abi) {
+    return abi >= 6 ? kScopeAbstractUnixSocket | kScopeSignal : 0;
+}
+
+size_t ruleset_attr_size(int abi) {
+    if (abi >= 6) return sizeof(RulesetAttr);
+    if (abi >= 4) return offsetof(RulesetAttr, scoped);
+    return sizeof(uint64_t);
+}
+
 void restrict_self(int abi, int directory_fd, uint64_t allowed, bool no_tcp, const char* what) {
     RulesetAttr ruleset;
     ruleset.handled_access_fs = handled_fs_rights(abi);
     if (no_tcp && abi >= 4) ruleset.handled_access_net = kNetBindTcp | kNetConnectTcp;
-    // Without this scope the payload could still signal init; init ignores it, but nothing
-    // outside the payload's own processes should be reachable at all.
-    if (abi >= 6) ruleset.scoped = kScopeAbstractUnixSocket | kScopeSignal;
-    size_t size = sizeof ruleset.handled_access_fs;
-    if (abi >= 4) size = offsetof(RulesetAttr, scoped);
-    if (abi >= 6) size = sizeof ruleset;
+    ruleset.scoped = scoped_rights(abi);
+    const size_t size = ruleset_attr_size(abi);
     UniqueFd ruleset_fd(
         static_cast<int>(::syscall(SYS_landlock_create_ruleset, &ruleset, size, 0U)));
     if (!ruleset_fd) {
@@ -101,10 +109,22 @@ void restrict_self(int abi, int directory_fd, uint64_t allowed, bool no_tcp, con
 
 }  // namespace
 
+// Everything beneath the root but device nodes.
+constexpr uint64_t kPayloadRights = ~(kFsMakeChar | kFsMakeBlock);
+
 void apply_landlock(int abi) {
     UniqueFd root(::open("/", O_PATH | O_CLOEXEC | O_DIRECTORY));
     if (!root) throw system_error("cannot open / for landlock");
-    restrict_self(abi, root.get(), ~(kFsMakeChar | kFsMakeBlock), false, "the payload");
+    restrict_self(abi, root.get(), kPayloadRights, false, "the payload");
+}
+
+LandlockRuleset payload_landlock_ruleset(int abi) {
+    LandlockRuleset ruleset;
+    ruleset.handled_fs = handled_fs_rights(abi);
+    ruleset.scoped = scoped_rights(abi);
+    ruleset.attr_size = ruleset_attr_size(abi);
+    ruleset.allowed_beneath_root = ruleset.handled_fs & kPayloadRights;
+    return ruleset;
 }
 
 void confine_to_directory(int abi, int directory_fd, bool symlinks) {

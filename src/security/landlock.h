@@ -3,6 +3,9 @@
 // descriptor to a host directory (leaked by a bug, as in runc's CVE-2024-21626) opens nothing.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+
 namespace sqbox {
 
 // The kernel's Landlock ABI version, or 0 when Landlock is absent or disabled.
@@ -30,5 +33,15 @@ void confine_to_directory(int abi, int directory_fd, bool symlinks = false);
 // parsers of untrusted data whose inputs and output are opened for them (import's layer reader).
 // no_new_privs must be set. Throws on failure.
 void forbid_files_and_tcp(int abi);
+
+// What apply_landlock(abi) asks of the kernel, as numbers: for a confinement made by code that is
+// not sqbox's (serve's zygote, src/session/zygote.py, applies it in each request's sandbox).
+struct LandlockRuleset {
+    uint64_t handled_fs = 0;            // landlock_ruleset_attr.handled_access_fs
+    uint64_t scoped = 0;                // landlock_ruleset_attr.scoped (ABI 6 on)
+    size_t attr_size = 0;               // the size of landlock_ruleset_attr this ABI reads
+    uint64_t allowed_beneath_root = 0;  // the one rule's rights, beneath "/"
+};
+LandlockRuleset payload_landlock_ruleset(int abi);
 
 }  // namespace sqbox

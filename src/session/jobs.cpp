@@ -70,6 +70,12 @@ void Jobs::send_to_supervisor(MessageTag tag, const json& body, const std::vecto
 }
 
 void Jobs::signal_job(const Job& job, int signal) {
+    if (job.zygote_run) {
+        // Its sandbox is the zygote's child: only killing it is ever asked for (a timeout, a
+        // client gone), and the zygote does that.
+        if (job.started && !job.report) send_to_zygote(MessageTag::kSignal, job.key, {});
+        return;
+    }
     if (job.started && !job.report) {
         send_to_supervisor(MessageTag::kSignal, {{"key", job.key}, {"signal", signal}}, {});
     }
@@ -111,6 +117,15 @@ void Jobs::start_waiting_runs() {
             continue;
         }
         ++running_runs_;
+        if (zygote_can_take(it->second)) {
+            it->second.counted = true;
+            if (zygote_ready_) {
+                hand_to_zygote(it->second);
+            } else {
+                waiting_for_zygote_.push_back(key);
+            }
+            continue;
+        }
         if (it->second.wants_prestarted && !prestarted_.empty()) {
             hand_to_prestarted(it->second);
             jobs_.erase(it);
@@ -140,7 +155,7 @@ void Jobs::abandon_runs_of(int client) {
 bool Jobs::runs_under_way() const {
     return std::any_of(jobs_.begin(), jobs_.end(), [](const auto& entry) {
         const Job& job = entry.second;
-        return job.session.empty() && !job.abandoned && !job.in_pool;
+        return job.session.empty() && !job.abandoned && !job.in_pool && !job.zygote;
     });
 }
 
@@ -157,6 +172,7 @@ void Jobs::fill_pool() {
         launch(job);
     }
     fill_prestarted();
+    fill_zygote();
 }
 
 // Moves a run request onto a ready pooled sandbox and starts it there.
@@ -250,12 +266,20 @@ void Jobs::launch(Job& job) {
             return;
         }
         Pipes pipes = make_stdio_pipes();
-        fds.insert(fds.end(),
-                   {pipes.in.read_end.get(), pipes.out.write_end.get(), pipes.err.write_end.get()});
+        // The zygote's stdin is its channel: requests and their descriptors come on it.
+        UniqueFd zygote_end;
+        if (job.zygote) {
+            auto [server_end, zygote_channel] = make_message_channel("the zygote's channel");
+            set_nonblocking(server_end.get(), "the zygote's channel");
+            zygote_channel_ = std::move(server_end);
+            zygote_end = std::move(zygote_channel);
+        }
+        fds.insert(fds.end(), {job.zygote ? zygote_end.get() : pipes.in.read_end.get(),
+                               pipes.out.write_end.get(), pipes.err.write_end.get()});
         fds.insert(fds.end(), join_fds.begin(), join_fds.end());
         send_to_supervisor(MessageTag::kStart, {{"key", job.key}}, fds);
         job.started = true;
-        job.stdin_fd = std::move(pipes.in.write_end);
+        if (!job.zygote) job.stdin_fd = std::move(pipes.in.write_end);
         job.out.fd = std::move(pipes.out.read_end);
         job.err.fd = std::move(pipes.err.read_end);
         job.stdin_pending = job.settings.stdin_data;
@@ -371,6 +395,7 @@ void Jobs::watch(const PollWatch& watch) {
             watch(job.stdin_fd.get(), POLLOUT, [this, job_key](short) { write_stdin(job_key); });
         }
     }
+    if (zygote_channel_) watch(zygote_channel_.get(), POLLIN, [this](short) { read_zygote(); });
 }
 
 // ---- the end of a sandbox ----
@@ -391,6 +416,10 @@ void Jobs::maybe_finish(uint64_t key) {
         if (!job.report) return;
         events_.session_sandbox_ended(job, job.report->value("error", ""));
         jobs_.erase(it);
+        return;
+    }
+    if (job.zygote) {
+        if (job.report) zygote_ended(job);
         return;
     }
     if (job.prestarted && (job.in_pool || !job.readiness.ready())) {
@@ -448,7 +477,8 @@ json Jobs::run_answer(Job& job) {
         answer["stdout"] = std::move(job.out.data);
         answer["stderr"] = std::move(job.err.data);
     }
-    if (job.python_run) answer["prestarted"] = job.prestarted;
+    if (job.python_run) answer["prestarted"] = job.prestarted || job.zygote_run;
+    if (job.zygote_run) answer["zygote"] = true;
     if (job.prestarted) {
         // From the request's hand-over, without the interpreter's start and imports.
         answer["wall_ms"] = std::chrono::duration<double, std::milli>(

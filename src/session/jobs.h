@@ -67,6 +67,12 @@ struct Job {
     bool prestarted = false;
     PrestartReadiness readiness;
     std::chrono::steady_clock::time_point handed_at;
+    // --zygote: the zygote's own sandbox, or a request served by a sandbox it made (which the
+    // server kills through the zygote at `deadline`).
+    bool zygote = false;
+    bool zygote_run = false;
+    std::optional<std::chrono::steady_clock::time_point> deadline;
+    bool timed_out = false;
 };
 
 // Where what comes of the jobs goes.
@@ -128,6 +134,12 @@ class Jobs {
     // At the end, once the supervisor is gone: cgroups are removed now that their processes are.
     void clear() { jobs_.clear(); }
 
+    // --zygote: what the zygote is started with (session/zygote.h).
+    void set_zygote_settings(std::string settings) { zygote_settings_ = std::move(settings); }
+    // The nearest deadline of a request the zygote serves, and killing those past theirs.
+    std::optional<std::chrono::steady_clock::time_point> next_deadline() const;
+    void check_deadlines(std::chrono::steady_clock::time_point now);
+
   private:
     Job& new_job(int client, RequestSettings settings);
     void start_waiting_runs();
@@ -135,6 +147,13 @@ class Jobs {
     void fill_prestarted();
     void hand_to_prestarted(Job& request);
     void prestarted_ended(Job& job);
+    void fill_zygote();
+    bool zygote_can_take(const Job& request) const;
+    void hand_to_zygote(Job& request);
+    void read_zygote();
+    void zygote_ended(Job& job);
+    void send_to_zygote(MessageTag tag, uint64_t key, const std::vector<int>& fds);
+    std::string python_request_frame(const Job& request) const;
     void launch(Job& job);
     void send_to_supervisor(MessageTag tag, const json& body, const std::vector<int>& fds);
     void signal_job(const Job& job, int signal);
@@ -158,6 +177,15 @@ class Jobs {
     bool prestart_enabled_ = true;
     unsigned prestart_failures_ = 0;
     unsigned running_runs_ = 0;
+    // --zygote: the zygote's job key (0: none), its end of the channel, whether it said "ready",
+    // and run_python requests waiting for it to be.
+    std::string zygote_settings_;
+    uint64_t zygote_key_ = 0;
+    UniqueFd zygote_channel_;
+    bool zygote_ready_ = false;
+    bool zygote_enabled_ = true;
+    unsigned zygote_failures_ = 0;
+    std::deque<uint64_t> waiting_for_zygote_;
     uint64_t next_key_ = 1;
 };
 

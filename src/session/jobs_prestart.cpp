@@ -38,6 +38,19 @@ void Jobs::fill_prestarted() {
     }
 }
 
+// A run_python request as prestart.py (and zygote.py) read it: its code, working directory,
+// environment additions and cpu_time.
+std::string Jobs::python_request_frame(const Job& request) const {
+    const SandboxConfig& asked = request.settings.config;
+    const std::vector<std::pair<std::string, std::string>> additions(
+        asked.environment.begin() + static_cast<std::ptrdiff_t>(options_.base.environment.size()),
+        asked.environment.end());
+    const std::string workdir = asked.workdir == options_.base.workdir ? "" : asked.workdir;
+    // The command is python3 -c CODE (settings_from_request), which a retry would run as it is.
+    return prestart_request_frame(asked.command.at(2), workdir, additions,
+                                  asked.limits.cpu_seconds);
+}
+
 // Moves a run_python request onto a pre-started interpreter, one that is ready if any is (one
 // still importing takes it once it is ready), and sends it the code.
 void Jobs::hand_to_prestarted(Job& request) {
@@ -60,14 +73,7 @@ void Jobs::hand_to_prestarted(Job& request) {
     job.out.limit = request.out.limit;
     job.err.limit = request.err.limit;
     const SandboxConfig& asked = request.settings.config;
-    const std::vector<std::pair<std::string, std::string>> additions(
-        asked.environment.begin() + static_cast<std::ptrdiff_t>(options_.base.environment.size()),
-        asked.environment.end());
-    const std::string workdir = asked.workdir == options_.base.workdir ? "" : asked.workdir;
-    // The command is python3 -c CODE (settings_from_request), which a retry would run as it is.
-    job.stdin_pending =
-        prestart_request_frame(asked.command.at(2), workdir, additions, asked.limits.cpu_seconds) +
-        request.settings.stdin_data;
+    job.stdin_pending = python_request_frame(request) + request.settings.stdin_data;
     job.keep_stdin_open = false;
     if (asked.timeout_seconds) {
         // The sandbox's clock starts now, not when it was set up.

@@ -22,6 +22,7 @@
 #include "runtime/sandbox_plan.h"
 #include "runtime/signals.h"
 #include "runtime/user_namespace.h"
+#include "security/zygote_seccomp.h"
 #include "session/client_connection.h"
 #include "session/jobs.h"
 #include "session/output_events.h"
@@ -33,6 +34,7 @@
 #include "session/session_state.h"
 #include "session/supervisor_messages.h"
 #include "session/warm_supervisor.h"
+#include "session/zygote.h"
 #include "util/errors.h"
 #include "util/fd_passing.h"
 #include "util/process.h"
@@ -103,6 +105,10 @@ class Server final : private SessionPort, private JobEvents {
         context.image = &image_;
         context.base = &options_.base;
         context.plan_template = build_sandbox_plan(options_.base);
+        if (options_.zygote) {
+            context.zygote_seccomp = compile_zygote_seccomp_filter(options_.base.seccomp_profile);
+            jobs_.set_zygote_settings(zygote_settings(context.plan_template, options_.base));
+        }
         context.driver_source = std::string(session_driver_source());
         auto [control, supervisor_end] = make_message_channel("the supervisor's channel");
         control_ = std::move(control);
@@ -260,6 +266,8 @@ class Server final : private SessionPort, private JobEvents {
             const auto deadline = entry.state.deadline();
             if (deadline && (!nearest || *deadline < *nearest)) nearest = deadline;
         }
+        const auto job_deadline = jobs_.next_deadline();
+        if (job_deadline && (!nearest || *job_deadline < *nearest)) nearest = job_deadline;
         if (!nearest) return -1;
         auto ms = std::chrono::ceil<std::chrono::milliseconds>(*nearest - Clock::now()).count();
         return static_cast<int>(std::max<long long>(0, ms));
@@ -270,6 +278,7 @@ class Server final : private SessionPort, private JobEvents {
         for (auto& [id, entry] : sessions_) {
             entry.state.check_deadline(now, client_backlogged(entry.client));
         }
+        jobs_.check_deadlines(now);
     }
 
     // ---- clients ----

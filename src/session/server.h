@@ -27,6 +27,7 @@ struct ServeOptions {
     unsigned pool = 0;                 // sandboxes kept set up ahead for run requests (--pool)
     unsigned prestart = 0;             // interpreters kept started for run_python (--prestart)
     std::vector<std::string> preload;  // ...having imported these modules (--preload)
+    bool zygote = false;  // run_python in sandboxes forked from one warm interpreter (--zygote)
 };
 
 // Runs until shutdown; returns the process's exit status (125 when the image cannot be served).

@@ -326,6 +326,10 @@ class WarmSupervisor {
         plan.rlimits = limits_from_json(request.at("rlimits"));
         plan.pooled = pooled;
         plan.own_user_namespace = std::make_pair(ids_.inside_uid, ids_.inside_gid);
+        if (config.zygote) {
+            if (!context_.zygote_seccomp) throw Error("this server keeps no zygote");
+            make_zygote_plan(plan, *context_.zygote_seccomp);
+        }
 
         auto [channel, init_channel] = make_message_channel("the sandbox's channel");
         Pipe report = make_pipe("init report");

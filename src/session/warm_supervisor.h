@@ -17,7 +17,9 @@
 
 #include <string>
 
+#include <optional>
 #include "image/image_source.h"
+
 #include "runtime/sandbox_plan.h"
 #include "sqbox/config.h"
 
@@ -32,6 +34,7 @@ struct WarmSupervisorContext {
     const ImageSource* image = nullptr;
     const SandboxConfig* base = nullptr;  // ids and the image; per-request configs arrive later
     SandboxPlan plan_template;            // seccomp filter and Landlock ABI for every sandbox
+    std::optional<SeccompFilter> zygote_seccomp;  // --zygote: the zygote sandbox's own filter
     std::string driver_source;
     int control_fd = -1;
     pid_t server_pid = 0;

@@ -22,18 +22,35 @@ ROOT = Path(__file__).resolve().parents[2]
 PRELOAD = ["json", "decimal"]
 
 
+# Each test runs against both ways of serving run_python ahead of the request: a pool of
+# pre-started interpreters (--prestart), and sandboxes forked from one warm interpreter (--zygote).
+WAYS = {"prestart": {"prestart": 2}, "zygote": {"zygote": True}}
+
+
+# Mapping uid 0 into a new user namespace takes CAP_SETFCAP, which the zygote does not keep.
+ZYGOTE_NEEDS_A_USER = pytest.mark.skipif(
+    os.geteuid() == 0, reason="--zygote: the kernel lets no process without CAP_SETFCAP map "
+    "uid 0 into a user namespace of its own; tested as a plain user")
+
+
+@pytest.fixture(scope="module", params=[
+    "prestart", pytest.param("zygote", marks=ZYGOTE_NEEDS_A_USER)])
+def way(request):
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def prestarted(sqbox_bin, python_image):
-    with sqbox.Sandbox(python_image, binary=sqbox_bin, prestart=2, preload=PRELOAD,
-                       timeout=30) as box:
+def prestarted(sqbox_bin, python_image, way):
+    with sqbox.Sandbox(python_image, binary=sqbox_bin, preload=PRELOAD, timeout=30,
+                       **WAYS[way]) as box:
         yield box
 
 
 @pytest.fixture(scope="module")
-def limited(sqbox_bin, python_image):
-    """Pre-started sandboxes under small server-wide limits, which each execution gets."""
-    with sqbox.Sandbox(python_image, binary=sqbox_bin, prestart=2, timeout=30,
-                       extra_args=["--memory", "256M", "--pids", "32"]) as box:
+def limited(sqbox_bin, python_image, way):
+    """Sandboxes under small server-wide limits, which each execution gets."""
+    with sqbox.Sandbox(python_image, binary=sqbox_bin, timeout=30,
+                       extra_args=["--memory", "256M", "--pids", "32"], **WAYS[way]) as box:
         yield box
 
 
@@ -118,7 +135,7 @@ for path in ("/tmp/" + MARK, "/" + MARK, "/dev/shm/" + MARK, "/var/tmp/" + MARK)
 if "PLANTED" in os.environ or "PLANTED_PUTENV" in os.environ:
     found.append("environment")
 pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
-if pids != [1, os.getpid()]:
+if set(pids) - {1, os.getpid()}:  # sqbox's init and this, or (--zygote) this as pid 1
     found.append("processes %r" % pids)
 for family, address in ((socket.AF_INET, ("127.0.0.1", 47311)), (socket.AF_UNIX, "\0" + MARK)):
     s = socket.socket(family)
@@ -151,18 +168,29 @@ def _looked(result):
     return found + "]", int(rss_kib), draws
 
 
-def test_nothing_a_request_leaves_reaches_the_next(prestarted):
+def _fresh_draws(way, planted, draws):
+    """Fresh random state and urandom, and (but from one zygote, whose children share the seed
+    its interpreter drew at its start: SECURITY.md) hash seed: nothing drawn in one request
+    tells the next."""
+    random_and_urandom = [planted[0], planted[2]], [draws[0], draws[2]]
+    assert all(a != b for a, b in zip(*random_and_urandom)), (planted, draws)
+    if way == "zygote":
+        assert planted[1] == draws[1]
+    else:
+        assert planted[1] != draws[1], (planted, draws)
+
+
+def test_nothing_a_request_leaves_reaches_the_next(prestarted, way):
     for _ in range(3):
         mark = "planted-" + uuid.uuid4().hex
         planted = _planted(prestarted.run_python(PLANT, stdin=mark + "\n"), mark)
         found, rss_kib, draws = _looked(prestarted.run_python(LOOK, stdin=mark + "\n"))
         assert found == "[]"
         assert rss_kib < 32 * 1024  # the 32 MiB block is not in the next interpreter
-        # Fresh random state, hash seed and urandom: nothing drawn in one tells the next.
-        assert all(a != b for a, b in zip(planted, draws)), (planted, draws)
+        _fresh_draws(way, planted, draws)
 
 
-def test_a_request_still_running_is_out_of_reach_of_the_others(prestarted):
+def test_a_request_still_running_is_out_of_reach_of_the_others(prestarted, way):
     """The planting request still holds everything (sleeping) while others run."""
     mark = "planted-" + uuid.uuid4().hex
     results = {}
@@ -177,7 +205,7 @@ def test_a_request_still_running_is_out_of_reach_of_the_others(prestarted):
     for look in looks:
         found, _, draws = _looked(look)
         assert found == "[]"
-        assert all(a != b for a, b in zip(planted, draws)), (planted, draws)
+        _fresh_draws(way, planted, draws)
 
 
 def test_the_timeout_counts_from_the_request_and_holds(prestarted):
@@ -277,10 +305,69 @@ def test_a_preload_the_image_lacks_turns_prestart_off(sqbox_bin, python_image):
                         "--prestart is off"], proc.stderr
 
 
+@ZYGOTE_NEEDS_A_USER
+def test_a_preload_the_image_lacks_turns_the_zygote_off(sqbox_bin, python_image):
+    """As for pre-started interpreters: the requests run, each in a python3 -c sandbox of its
+    own, and the server says once why the zygote is off."""
+    requests = "".join(f'{{"id": {i}, "op": "run_python", "code": "print({i})"}}\n'
+                       for i in range(3))
+    proc = subprocess.run(
+        [sqbox_bin, "serve", "--zygote", "--preload", "json,no_such_module_here", python_image],
+        input=requests, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    answers = [line for line in proc.stdout.splitlines() if line]
+    assert len(answers) == 3
+    assert all('"exit_code":0' in a and '"prestarted":false' in a for a in answers), answers
+    warnings = [l for l in proc.stderr.splitlines() if "zygote" in l]
+    assert warnings == ["sqbox: warning: the zygote keeps failing (ModuleNotFoundError: No "
+                        "module named 'no_such_module_here'); --zygote is off"], proc.stderr
+
+
+def _descends(pid, ancestor):
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        with open(f"/proc/{pid}/status") as status:
+            pid = next(int(l.split()[1]) for l in status if l.startswith("PPid:"))
+    return False
+
+
+@ZYGOTE_NEEDS_A_USER
+def test_a_zygote_that_dies_fails_its_requests_and_another_takes_over(sqbox_bin, python_image):
+    """A request cannot reach its zygote (new pid namespace); a zygote killed from outside ends
+    the requests it served with an error, and the next requests get a new zygote."""
+    with sqbox.Sandbox(python_image, binary=sqbox_bin, zygote=True, timeout=30) as box:
+        first = box.run_python("import os; print(os.getpid(), sorted(os.listdir('/proc')))")
+        assert first.prestarted and first.stdout == "1 ['1', 'self', 'thread-self']\n", first
+        zygotes = [pid for pid in subprocess.run(
+            ["pgrep", "-f", "-u", str(os.getuid()), "sqbox-zygote-lower"],
+            stdout=subprocess.PIPE, text=True).stdout.split() if _descends(int(pid), box.pid)]
+        assert len(zygotes) == 1, zygotes
+        errors = []
+
+        def served_when_the_zygote_dies():
+            try:
+                errors.append(box.run_python("import time; time.sleep(10)"))
+            except sqbox.SqboxError as error:
+                errors.append(error)
+
+        slow = threading.Thread(target=served_when_the_zygote_dies)
+        slow.start()
+        time.sleep(1.5)
+        os.kill(int(zygotes[0]), 9)
+        slow.join(20)
+        assert len(errors) == 1 and "the zygote ended while this request ran" in str(errors[0])
+        after = box.run_python("print('served again')")
+        assert after.prestarted and after.stdout == "served again\n", after
+
+
 @pytest.mark.parametrize("options, message", [
     (["--prestart", "1", "--preload", "json,os;import x"], "is not a Python module name"),
     (["--prestart", "1", "--preload", ".json"], "is not a Python module name"),
-    (["--preload", "json"], "give --prestart N too"),
+    (["--preload", "json"], "give --prestart N or --zygote too"),
+    (["--zygote", "--prestart", "1"], "--zygote and --prestart both serve run_python"),
+    (["--zygote", "--seccomp", "none"], "--zygote needs a seccomp profile"),
+    (["--zygote", "--root"], "--zygote: not as root or with --root"),
 ])
 def test_bad_preload_options_are_refused(sqbox_bin, python_image, options, message):
     proc = subprocess.run([sqbox_bin, "serve", *options, python_image], input="",

@@ -62,6 +62,7 @@ SandboxConfig config_with_every_field_set() {
     config.image_server_idle_seconds = 5;
     config.verbose = true;
     config.proc_view = SandboxConfig::ProcView::kOuter;
+    config.zygote = true;
     return config;
 }
 

@@ -1,0 +1,299 @@
+# sqbox serve's zygote (docs/serve.md, "The zygote"; the argument in SECURITY.md), run as
+# `python3 -c THIS SETTINGS MODULE...` in a sandbox of its own, confined like any payload except
+# that its seccomp filter also lets it make namespaces and mounts (security/zygote_seccomp.h). It
+# imports the --preload modules once and never runs a request's code itself: for each request it
+# forks a child that makes a new sandbox (user, mount, pid, network, ipc, uts and cgroup
+# namespaces; a fresh writable layer, /tmp and /dev/shm; a procfs of its own), drops every
+# capability, applies Landlock and the server's seccomp filter on top of its own, and only then
+# reads the request and runs its code as `python3 -c` would. The child ends with that code; its
+# namespaces, and every process, file and socket in them, end with it.
+#
+# Descriptor 0 is a SOCK_SEQPACKET socket to the server; each message is a tag byte and text
+# (util/fd_passing.h). The server sends "gKEY" with four descriptors (the request in a memfd,
+# framed as prestart.py reads it, then the code's stdin, stdout and stderr) and "kKEY" (kill it).
+# The zygote sends "wCPU_NS" once ready, then "rKEY WAIT_STATUS CPU_NS MAX_RSS_KIB" as each
+# request's sandbox ends. SETTINGS is JSON the server made (session/zygote.cpp).
+import ctypes
+import gc
+import json
+import os
+import resource
+import selectors
+import signal
+import socket
+import struct
+import sys
+import time
+
+_settings = json.loads(sys.argv[1])
+for _module in sys.argv[2:]:
+    __import__(_module)
+# What exists now is shared, copy-on-write, by every request's process: kept out of the garbage
+# collector's passes, which would write to (and so copy) each object's pages in every request.
+gc.freeze()
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
+                        ctypes.c_char_p]
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
+_MNT_DETACH = 2
+_PR_SET_SECUREBITS, _PR_CAPBSET_DROP = 28, 24
+_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+# NOROOT, NO_SETUID_FIXUP, KEEP_CAPS_LOCKED, NO_CAP_AMBIENT_RAISE and the locks of each.
+_SECUREBITS_LOCKED = 0xEF
+_SYS = _settings["syscalls"]
+
+
+def _check(result, what):
+    if result == -1:
+        error = ctypes.get_errno()
+        raise OSError(error, "%s: %s" % (what, os.strerror(error)))
+    return result
+
+
+def _mount(source, target, fstype, flags, data=None):
+    _check(_libc.mount(source, target, fstype, flags, data), "mount " + target.decode())
+
+
+def _write(path, text):
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    except OSError as error:
+        raise OSError(error.errno, "%s: %s" % (path, os.strerror(error.errno))) from None
+    finally:
+        os.close(fd)
+
+
+def _make_root(workdir):
+    """In the request's pid 1: a root of its own, as sqbox's sandboxes have, then pivot_root."""
+    _mount(None, b"/", None, _MS_REC | _MS_PRIVATE)
+    # One tmpfs for everything the request may write (--tmpfs-size), shadowing the zygote's /tmp
+    # in this mount namespace only.
+    size = b"size=%d,mode=755" % _settings["tmpfs_size"]
+    _mount(b"tmpfs", b"/tmp", b"tmpfs", _MS_NOSUID | _MS_NODEV, size)
+    for name, mode in (("upper", 0o755), ("work", 0o755), ("root", 0o755), ("tmp", 0o1777),
+                       ("shm", 0o1777)):
+        os.mkdir("/tmp/" + name)
+        os.chmod("/tmp/" + name, mode)
+    # The zygote's root (the image, the generated /etc) below, this request's layer above. Its
+    # copy without mounts beneath: the kernel takes no lower layer with locked mounts on it.
+    _mount(b"overlay", b"/tmp/root", b"overlay", _MS_NOSUID | _MS_NODEV,
+           b"lowerdir=%s,upperdir=/tmp/upper,workdir=/tmp/work,userxattr"
+           % _settings["lower"].encode())
+    _mount(b"proc", b"/tmp/root/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+           b"subset=pid")
+    _mount(b"/dev", b"/tmp/root/dev", None, _MS_BIND | _MS_REC)
+    _mount(b"devpts", b"/tmp/root/dev/pts", b"devpts", _MS_NOSUID | _MS_NOEXEC,
+           b"newinstance,ptmxmode=0666,mode=620")
+    _mount(b"/tmp/shm", b"/tmp/root/dev/shm", None, _MS_BIND)
+    _mount(b"/tmp/tmp", b"/tmp/root/tmp", None, _MS_BIND)
+    os.chdir("/tmp/root")
+    _check(_libc.syscall(_SYS["pivot_root"], b".", b"."), "pivot_root")
+    _check(_libc.umount2(b".", _MNT_DETACH), "detach the zygote's root")
+    os.chdir(workdir)
+
+
+def _loopback_up():
+    flags = 0x1 | 0x8 | 0x40  # IFF_UP | IFF_LOOPBACK | IFF_RUNNING
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        import fcntl
+
+        fcntl.ioctl(sock, 0x8914, struct.pack("16sH14x", b"lo", flags))  # SIOCSIFFLAGS
+
+
+def _drop_privileges():
+    _check(_libc.prctl(_PR_SET_SECUREBITS, _SECUREBITS_LOCKED, 0, 0, 0), "securebits")
+    for capability in range(64):
+        if _libc.prctl(_PR_CAPBSET_DROP, capability, 0, 0, 0) == -1:
+            break  # past the kernel's last capability
+    _check(_libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "ambient caps")
+    header = struct.pack("Ii", 0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+    data = bytes(24)  # two empty sets of effective, permitted, inheritable
+    _check(_libc.syscall(_SYS["capset"], header, data), "capset")
+
+
+def _landlock():
+    rules = _settings["landlock"]
+    if not rules:
+        return
+    attr = struct.pack("QQQ", rules["handled_fs"], 0, rules["scoped"])[: rules["attr_size"]]
+    ruleset = _check(_libc.syscall(_SYS["landlock_create_ruleset"], attr, len(attr), 0),
+                     "landlock ruleset")
+    root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    beneath = struct.pack("=Qi", rules["allowed_beneath_root"], root)
+    _check(_libc.syscall(_SYS["landlock_add_rule"], ruleset, 1, beneath, 0), "landlock rule")
+    _check(_libc.syscall(_SYS["landlock_restrict_self"], ruleset, 0), "landlock")
+    os.close(root)
+    os.close(ruleset)
+
+
+def _seccomp():
+    program = bytes.fromhex(_settings["filter"])
+    buffer = ctypes.create_string_buffer(program, len(program))
+    fprog = struct.pack("HxxxxxxP", len(program) // 8, ctypes.addressof(buffer))
+    _check(_libc.syscall(_SYS["seccomp"], 1, _settings["filter_flags"], fprog), "seccomp")
+
+
+def _read_request(fd):
+    with os.fdopen(fd, "rb") as request:
+        header = request.readline()
+        code_len, workdir_len, env_len, cpu = header.split()
+        code = request.read(int(code_len)).decode("utf-8", "surrogateescape")
+        workdir = request.read(int(workdir_len)).decode("utf-8", "surrogateescape")
+        env = request.read(int(env_len))
+    return code, workdir, env, None if cpu == b"-" else int(cpu)
+
+
+def _run(code):
+    main = type(sys)("__main__")
+    main.__builtins__ = sys.modules["builtins"]
+    main.__loader__ = sys.modules["__main__"].__loader__
+    main.__annotations__ = {}
+    sys.modules["__main__"] = main
+    sys.argv[:] = ["-c"]
+    try:
+        exec(compile(code, "<string>", "exec"), main.__dict__)
+    except SystemExit:
+        raise
+    except BaseException as error:
+        # As `python3 -c` reports it: without this file's frame.
+        traceback = error.__traceback__.tb_next if error.__traceback__ else None
+        sys.excepthook(type(error), error.with_traceback(traceback), traceback)
+        sys.exit(1)
+
+
+def _fail(fd, error):
+    """One line on the request's stderr: what failed, and in which step."""
+    import traceback
+
+    step = traceback.extract_tb(error.__traceback__)[-1].name if error.__traceback__ else "?"
+    os.write(fd, b"sqbox: the zygote could not make this request's sandbox (%s): %s\n"
+             % (step.strip("_").encode(), str(error).encode()))
+
+
+def _request_sandbox(fds):
+    """The request's pid 1, from its sandbox's making to the end of its code."""
+    request_fd, stdin, stdout, stderr = fds
+    try:
+        workdir = os.getcwd()
+        _make_root(workdir)
+        _loopback_up()
+        _drop_privileges()
+        _landlock()
+        code, asked_workdir, env, cpu_seconds = _read_request(request_fd)
+        for target, fd in ((0, stdin), (1, stdout), (2, stderr)):
+            os.dup2(fd, target)
+        os.closerange(3, 1 << 16)
+        for entry in env.split(b"\0")[:-1]:
+            key, _, value = entry.partition(b"=")
+            os.environb[key] = value
+        if asked_workdir:
+            os.chdir(asked_workdir)
+        if cpu_seconds is not None:
+            # Its soft limit's SIGXCPU would not reach a pid 1: it is killed at the limit.
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
+        _seccomp()
+    except BaseException as error:
+        _fail(stderr, error)
+        os._exit(125)
+    if "random" in sys.modules:
+        sys.modules["random"].seed()  # the fork hook did; again, after the preload's draws
+    import os as _t; _T=[time.perf_counter()]
+    _run(code)
+
+
+class _Chosen(BaseException):
+    """Raised in a request's pid 1 to leave the zygote's loop (and its frames) behind."""
+
+    def __init__(self, fds):
+        super().__init__()
+        self.fds = fds
+
+
+def _start(fds):
+    """Clones the request's pid 1 into new namespaces; returns its pid (in the zygote's)."""
+    pids = _settings["pids"]
+    if pids:
+        # RLIMIT_NPROC counts per user and user namespace: in the new one, this request's
+        # processes only, up to what the soft limit was as it was made (the child then lowers
+        # its hard limit to that too). Never above what the zygote's sandbox has.
+        before = resource.getrlimit(resource.RLIMIT_NPROC)
+        if before[1] != resource.RLIM_INFINITY:
+            pids = min(pids, before[1])
+        resource.setrlimit(resource.RLIMIT_NPROC, (pids, before[1]))
+    uid, gid = os.getuid(), os.getgid()  # as the zygote's namespace sees them
+    # clone(2) as fork(2) does it (a copy of this process, going on from here), but into new
+    # namespaces: one copy of the zygote per request, whose child is pid 1 of its own.
+    pid = _libc.syscall(_SYS["clone"], _settings["namespaces"] | signal.SIGCHLD, 0, 0, 0, 0)
+    if pid == 0:
+        try:
+            if pids:
+                resource.setrlimit(resource.RLIMIT_NPROC, (pids, pids))
+            _write("/proc/self/setgroups", "deny")
+            _write("/proc/self/uid_map", "%d %d 1" % (uid, uid))
+            _write("/proc/self/gid_map", "%d %d 1" % (gid, gid))
+        except BaseException as error:
+            _fail(fds[3], error)
+            os._exit(125)
+        raise _Chosen(fds)
+    error = ctypes.get_errno()
+    if pids:
+        resource.setrlimit(resource.RLIMIT_NPROC, before)
+    if pid < 0:
+        os.write(fds[3], b"sqbox: the zygote could not make this request's sandbox (clone): %s\n"
+                 % os.strerror(error).encode())
+        return None
+    return pid
+
+
+def _serve(channel, selector):
+    selector.register(channel, selectors.EVENT_READ)
+    running = {}  # pidfd -> (key, pid)
+    by_key = {}  # key -> pid
+    channel.send(b"w%d" % time.process_time_ns())
+    while True:
+        for item, _ in selector.select():
+            if item.fileobj is channel:
+                message, fds, _, _ = socket.recv_fds(channel, 256, 4)
+                if not message:
+                    return
+                verb, key = message[:1], message[1:]
+                if verb == b"k":
+                    if key in by_key:
+                        os.kill(by_key[key], signal.SIGKILL)
+                    continue
+                pid = _start(fds) if len(fds) == 4 else None
+                for fd in fds:
+                    os.close(fd)
+                if pid is None:
+                    channel.send(b"r%s %d 0 0" % (key, 125 << 8))
+                    continue
+                pidfd = os.pidfd_open(pid)
+                selector.register(pidfd, selectors.EVENT_READ)
+                running[pidfd] = (key, pid)
+                by_key[key] = pid
+            else:
+                key, pid = running.pop(item.fileobj)
+                selector.unregister(item.fileobj)
+                os.close(item.fileobj)
+                del by_key[key]
+                _, status, usage = os.wait4(pid, 0)
+                cpu_ns = int((usage.ru_utime + usage.ru_stime) * 1e9)
+                channel.send(b"r%s %d %d %d" % (key, status, cpu_ns, usage.ru_maxrss))
+
+
+_fds = None
+_channel = socket.socket(fileno=0)
+_selector = selectors.DefaultSelector()
+try:
+    _serve(_channel, _selector)
+except _Chosen as chosen:
+    # Their descriptors are closed here and now, never by a collector once the request's own
+    # descriptors may have the same numbers.
+    _selector.close()
+    _channel.detach()
+    _fds = chosen.fds  # this is a request's pid 1: what follows runs outside the handler
+if _fds:
+    _request_sandbox(_fds)
