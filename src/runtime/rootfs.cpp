@@ -350,6 +350,20 @@ PreparedRoot mount_layers(const SandboxConfig& config,
     return prepared;
 }
 
+// serve's zygote: the root as it is now (the image, the generated /etc), bound read-only at
+// kZygoteLowerDir with nothing mounted beneath, as the lower layer of each request's own root.
+// The kernel lets no overlay take "/" for that in the request's namespaces, where /proc, /dev and
+// /tmp are locked mounts over it; nor a bind of it there. The request's root shows that directory
+// empty (an overlay does not cross mounts).
+void bind_zygote_lower(int root_fd) {
+    UniqueFd target =
+        resolve_in_root(root_fd, kZygoteLowerDir, EntryKind::kDirectory, true, kZygoteLowerDir);
+    UniqueFd copy = clone_mount_tree(root_fd, "", false, "the zygote's lower layer");
+    set_mount_attributes(copy.get(), MountAttr::kReadOnly | MountAttr::kNoSuid | MountAttr::kNoDev,
+                         0, false, "the zygote's lower layer read-only");
+    attach_mount(copy.get(), target.get(), "the zygote's lower layer");
+}
+
 }  // namespace
 
 void enter_scratch_root() {
@@ -434,20 +448,6 @@ ReplaySummary save_changes_to_container(const SandboxConfig& config) {
 
 PreparedRoot mount_root_layers(const SandboxConfig& config) {
     return mount_layers(config, {});
-}
-
-// serve's zygote: the root as it is now (the image, the generated /etc), bound read-only at
-// kZygoteLowerDir with nothing mounted beneath, as the lower layer of each request's own root.
-// The kernel lets no overlay take "/" for that in the request's namespaces, where /proc, /dev and
-// /tmp are locked mounts over it; nor a bind of it there. The request's root shows that directory
-// empty (an overlay does not cross mounts).
-void bind_zygote_lower(int root_fd) {
-    UniqueFd target =
-        resolve_in_root(root_fd, kZygoteLowerDir, EntryKind::kDirectory, true, kZygoteLowerDir);
-    UniqueFd copy = clone_mount_tree(root_fd, "", false, "the zygote's lower layer");
-    set_mount_attributes(copy.get(), MountAttr::kReadOnly | MountAttr::kNoSuid | MountAttr::kNoDev,
-                         0, false, "the zygote's lower layer read-only");
-    attach_mount(copy.get(), target.get(), "the zygote's lower layer");
 }
 
 PreparedRoot assemble_rootfs(const SandboxConfig& config) {

@@ -21,17 +21,23 @@ namespace {
 
 constexpr size_t kReadChunk = size_t{256} * 1024;
 
-struct Pipes {
-    Pipe in, out, err;
-};
+}  // namespace
 
-Pipes make_stdio_pipes() {
-    Pipes pipes{make_pipe("sandbox stdin"), make_pipe("sandbox stdout"),
-                make_pipe("sandbox stderr")};
+StdioPipes make_stdio_pipes() {
+    StdioPipes pipes{make_pipe("sandbox stdin"), make_pipe("sandbox stdout"),
+                     make_pipe("sandbox stderr")};
     set_nonblocking(pipes.in.write_end.get(), "a descriptor");
     set_nonblocking(pipes.out.read_end.get(), "a descriptor");
     set_nonblocking(pipes.err.read_end.get(), "a descriptor");
     return pipes;
+}
+
+std::string last_line(const std::string& text) {
+    const size_t end = text.find_last_not_of("\r\n");
+    if (end == std::string::npos) return "no output";
+    const size_t start = text.find_last_of('\n', end);
+    const size_t from = start == std::string::npos ? 0 : start + 1;
+    return text.substr(from, end + 1 - from);
 }
 
 json failure_report(const std::string& error) {
@@ -45,8 +51,6 @@ json failure_report(const std::string& error) {
             {"max_rss_kib", 0},
             {"error", error}};
 }
-
-}  // namespace
 
 Jobs::Jobs(const ServeOptions& options, JobEvents& events)
     : options_(options), events_(events), read_buffer_(kReadChunk, '\0') {
@@ -200,7 +204,7 @@ void Jobs::hand_to_pooled(Job& request) {
         {"timeout", asked.timeout_seconds ? json(*asked.timeout_seconds) : json(nullptr)}};
     job.settings = std::move(request.settings);
     try {
-        Pipes pipes = make_stdio_pipes();
+        StdioPipes pipes = make_stdio_pipes();
         send_to_supervisor(
             MessageTag::kGo, go,
             {pipes.in.read_end.get(), pipes.out.write_end.get(), pipes.err.write_end.get()});
@@ -265,7 +269,7 @@ void Jobs::launch(Job& job) {
             job.started = true;
             return;
         }
-        Pipes pipes = make_stdio_pipes();
+        StdioPipes pipes = make_stdio_pipes();
         // The zygote's stdin is its channel: requests and their descriptors come on it.
         UniqueFd zygote_end;
         if (job.zygote) {

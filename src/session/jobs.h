@@ -23,6 +23,7 @@
 #include "session/server.h"
 #include "sqbox/config.h"
 #include "util/fd_passing.h"
+#include "util/files.h"
 #include "util/unique_fd.h"
 
 namespace sqbox {
@@ -74,6 +75,20 @@ struct Job {
     std::optional<std::chrono::steady_clock::time_point> deadline;
     bool timed_out = false;
 };
+
+// Shared by the parts of Jobs (jobs.cpp, jobs_prestart.cpp, jobs_zygote.cpp).
+
+// A sandbox's stdin, stdout and stderr, the server's ends non-blocking.
+struct StdioPipes {
+    Pipe in, out, err;
+};
+StdioPipes make_stdio_pipes();
+
+// The report of a sandbox that never started, or whose end was not reported: sqbox failed.
+json failure_report(const std::string& error);
+
+// The last non-empty line of an interpreter's stderr (a traceback's last is the error).
+std::string last_line(const std::string& text);
 
 // Where what comes of the jobs goes.
 class JobEvents {
@@ -152,6 +167,7 @@ class Jobs {
     void hand_to_zygote(Job& request);
     void read_zygote();
     void zygote_ended(Job& job);
+    void release_waiting_for_zygote();
     void send_to_zygote(MessageTag tag, uint64_t key, const std::vector<int>& fds);
     std::string python_request_frame(const Job& request) const;
     void launch(Job& job);

@@ -13,15 +13,6 @@ namespace {
 // What is kept of a waiting interpreter's stderr: enough to say why its imports failed.
 constexpr uint64_t kWarmUpLogBytes = uint64_t{64} * 1024;
 
-// The last non-empty line of an interpreter's stderr (a traceback's last is the error).
-std::string last_line(const std::string& text) {
-    const size_t end = text.find_last_not_of("\r\n");
-    if (end == std::string::npos) return "no output";
-    const size_t start = text.find_last_of('\n', end);
-    return text.substr(start == std::string::npos ? 0 : start + 1,
-                       end + 1 - (start == std::string::npos ? 0 : start + 1));
-}
-
 }  // namespace
 
 void Jobs::fill_prestarted() {

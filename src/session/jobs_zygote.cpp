@@ -52,15 +52,6 @@ int exit_status_of(int wait_status) {
     return kExitSqboxFailure;
 }
 
-// The last non-empty line of the zygote's stderr (a traceback's last is the error).
-std::string last_line(const std::string& text) {
-    const size_t end = text.find_last_not_of("\r\n");
-    if (end == std::string::npos) return "no output";
-    const size_t start = text.find_last_of('\n', end);
-    const size_t from = start == std::string::npos ? 0 : start + 1;
-    return text.substr(from, end + 1 - from);
-}
-
 }  // namespace
 
 bool Jobs::zygote_can_take(const Job& request) const {
@@ -103,19 +94,14 @@ void Jobs::hand_to_zygote(Job& job) {
             ::lseek(request.get(), 0, SEEK_SET) != 0) {
             throw system_error("cannot pass the request to the zygote");
         }
-        Pipe in = make_pipe("sandbox stdin");
-        Pipe out = make_pipe("sandbox stdout");
-        Pipe err = make_pipe("sandbox stderr");
-        set_nonblocking(in.write_end.get(), "a descriptor");
-        set_nonblocking(out.read_end.get(), "a descriptor");
-        set_nonblocking(err.read_end.get(), "a descriptor");
-        send_to_zygote(
-            MessageTag::kGo, job.key,
-            {request.get(), in.read_end.get(), out.write_end.get(), err.write_end.get()});
+        StdioPipes pipes = make_stdio_pipes();
+        send_to_zygote(MessageTag::kGo, job.key,
+                       {request.get(), pipes.in.read_end.get(), pipes.out.write_end.get(),
+                        pipes.err.write_end.get()});
         job.started = true;
-        job.stdin_fd = std::move(in.write_end);
-        job.out.fd = std::move(out.read_end);
-        job.err.fd = std::move(err.read_end);
+        job.stdin_fd = std::move(pipes.in.write_end);
+        job.out.fd = std::move(pipes.out.read_end);
+        job.err.fd = std::move(pipes.err.read_end);
         job.stdin_pending = job.settings.stdin_data;
         if (job.stdin_pending.empty()) {
             job.stdin_fd.reset();
@@ -123,7 +109,7 @@ void Jobs::hand_to_zygote(Job& job) {
             write_stdin(job.key);
         }
     } catch (const Error& e) {
-        job.report = json{{"exit_status", kExitSqboxFailure}, {"error", e.what()}};
+        job.report = failure_report(e.what());
         maybe_finish(job.key);
     }
 }
@@ -142,12 +128,7 @@ void Jobs::read_zygote() {
         if (message->tag == MessageTag::kReady && !zygote_ready_) {
             zygote_ready_ = true;
             zygote_failures_ = 0;
-            while (!waiting_for_zygote_.empty()) {
-                const uint64_t key = waiting_for_zygote_.front();
-                waiting_for_zygote_.pop_front();
-                auto it = jobs_.find(key);
-                if (it != jobs_.end()) hand_to_zygote(it->second);
-            }
+            release_waiting_for_zygote();
             continue;
         }
         if (message->tag != MessageTag::kReport) continue;
@@ -188,22 +169,32 @@ void Jobs::zygote_ended(Job& zygote) {
         if (job.zygote_run && !job.report) served.push_back(key);
     }
     for (const uint64_t key : served) {
-        jobs_.at(key).report = json{{"exit_status", kExitSqboxFailure},
-                                    {"error", "the zygote ended while this request ran: " + why}};
+        jobs_.at(key).report = failure_report("the zygote ended while this request ran: " + why);
         maybe_finish(key);
     }
     if (!was_ready && ++zygote_failures_ >= 3 && zygote_enabled_) {
         zygote_enabled_ = false;
         print_error("warning: the zygote keeps failing (" + why + "); --zygote is off");
-        while (!waiting_for_zygote_.empty()) {
-            const uint64_t key = waiting_for_zygote_.front();
-            waiting_for_zygote_.pop_front();
-            auto it = jobs_.find(key);
-            if (it != jobs_.end()) launch(it->second);
-        }
+        release_waiting_for_zygote();
         return;
     }
     fill_zygote();
+}
+
+// The run_python requests that waited for the zygote: handed to it now that it is ready, or each
+// given a `python3 -c` sandbox of its own now that --zygote is off.
+void Jobs::release_waiting_for_zygote() {
+    while (!waiting_for_zygote_.empty()) {
+        const uint64_t key = waiting_for_zygote_.front();
+        waiting_for_zygote_.pop_front();
+        auto it = jobs_.find(key);
+        if (it == jobs_.end()) continue;
+        if (zygote_enabled_) {
+            hand_to_zygote(it->second);
+        } else {
+            launch(it->second);
+        }
+    }
 }
 
 std::optional<std::chrono::steady_clock::time_point> Jobs::next_deadline() const {

@@ -47,8 +47,15 @@ void check_preload_module(const std::string& name) {
     if (at_start) throw Error("--preload: '" + name + "' is not a Python module name");
 }
 
+std::string python_stub_program(std::string_view stub) {
+    std::string program(python_c_source());
+    program.append(stub);
+    return program;
+}
+
 std::vector<std::string> prestart_command(const std::vector<std::string>& preload) {
-    std::vector<std::string> command = {"python3", "-c", std::string(prestart_stub_source())};
+    std::vector<std::string> command = {"python3", "-c",
+                                        python_stub_program(prestart_stub_source())};
     command.insert(command.end(), preload.begin(), preload.end());
     return command;
 }

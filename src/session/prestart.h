@@ -18,6 +18,13 @@ namespace sqbox {
 // src/session/prestart.py, built into the binary.
 std::string_view prestart_stub_source();
 
+// src/session/python_c.py (running code as `python3 -c` does), built into the binary.
+std::string_view python_c_source();
+
+// The program `python3 -c` runs for an interpreter started ahead of its request: python_c.py,
+// then `stub` (prestart.py's or zygote.py's).
+std::string python_stub_program(std::string_view stub);
+
 // Throws Error unless `name` is a dotted Python module name ("json", "email.mime.text").
 void check_preload_module(const std::string& name);
 

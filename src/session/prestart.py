@@ -10,6 +10,7 @@
 # (CPU the cpu_time limit in seconds, or "-"), then CODE_LEN bytes of code, WORKDIR_LEN bytes of
 # working directory (none: stay where the sandbox started), and ENV_LEN bytes of "KEY=VALUE\0"
 # additions to the environment. Nothing beyond what `python3 -c pass` loads is imported here.
+# `_run` is src/session/python_c.py's, which the server puts before this file.
 import os
 import sys
 import time
@@ -66,24 +67,6 @@ def _prepare(workdir, env, cpu_seconds):
     # anything about the request's.
     if "random" in sys.modules:
         sys.modules["random"].seed()
-
-
-def _run(code):
-    main = type(sys)("__main__")
-    main.__builtins__ = sys.modules["builtins"]
-    main.__loader__ = sys.modules["__main__"].__loader__
-    main.__annotations__ = {}
-    sys.modules["__main__"] = main
-    sys.argv[:] = ["-c"]
-    try:
-        exec(compile(code, "<string>", "exec"), main.__dict__)
-    except SystemExit:
-        raise
-    except BaseException as error:
-        # As `python3 -c` reports it: without this file's frame.
-        traceback = error.__traceback__.tb_next if error.__traceback__ else None
-        sys.excepthook(type(error), error.with_traceback(traceback), traceback)
-        sys.exit(1)
 
 
 _code, _workdir, _env, _cpu = _request()

@@ -12,7 +12,8 @@
 # (util/fd_passing.h). The server sends "gKEY" with four descriptors (the request in a memfd,
 # framed as prestart.py reads it, then the code's stdin, stdout and stderr) and "kKEY" (kill it).
 # The zygote sends "wCPU_NS" once ready, then "rKEY WAIT_STATUS CPU_NS MAX_RSS_KIB" as each
-# request's sandbox ends. SETTINGS is JSON the server made (session/zygote.cpp).
+# request's sandbox ends. SETTINGS is JSON the server made (session/zygote.cpp). `_run` is
+# src/session/python_c.py's, which the server puts before this file.
 import ctypes
 import gc
 import json
@@ -24,6 +25,7 @@ import socket
 import struct
 import sys
 import time
+from fcntl import ioctl
 
 _settings = json.loads(sys.argv[1])
 for _module in sys.argv[2:]:
@@ -98,9 +100,7 @@ def _make_root(workdir):
 def _loopback_up():
     flags = 0x1 | 0x8 | 0x40  # IFF_UP | IFF_LOOPBACK | IFF_RUNNING
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        import fcntl
-
-        fcntl.ioctl(sock, 0x8914, struct.pack("16sH14x", b"lo", flags))  # SIOCSIFFLAGS
+        ioctl(sock, 0x8914, struct.pack("16sH14x", b"lo", flags))  # SIOCSIFFLAGS
 
 
 def _drop_privileges():
@@ -144,24 +144,6 @@ def _read_request(fd):
         workdir = request.read(int(workdir_len)).decode("utf-8", "surrogateescape")
         env = request.read(int(env_len))
     return code, workdir, env, None if cpu == b"-" else int(cpu)
-
-
-def _run(code):
-    main = type(sys)("__main__")
-    main.__builtins__ = sys.modules["builtins"]
-    main.__loader__ = sys.modules["__main__"].__loader__
-    main.__annotations__ = {}
-    sys.modules["__main__"] = main
-    sys.argv[:] = ["-c"]
-    try:
-        exec(compile(code, "<string>", "exec"), main.__dict__)
-    except SystemExit:
-        raise
-    except BaseException as error:
-        # As `python3 -c` reports it: without this file's frame.
-        traceback = error.__traceback__.tb_next if error.__traceback__ else None
-        sys.excepthook(type(error), error.with_traceback(traceback), traceback)
-        sys.exit(1)
 
 
 def _fail(fd, error):

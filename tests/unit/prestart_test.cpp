@@ -74,7 +74,8 @@ TEST(PrestartCommand, RunsTheStubWithTheModulesAsArguments) {
     ASSERT_EQ(command.size(), 5U);
     EXPECT_EQ(command[0], "python3");
     EXPECT_EQ(command[1], "-c");
-    EXPECT_EQ(command[2], prestart_stub_source());
+    // The stub, after the code both stubs share for running a request as `python3 -c` does.
+    EXPECT_EQ(command[2], std::string(python_c_source()) + std::string(prestart_stub_source()));
     EXPECT_EQ(command[3], "json");
     EXPECT_EQ(command[4], "decimal");
 }
