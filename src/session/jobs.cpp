@@ -208,15 +208,7 @@ void Jobs::hand_to_pooled(Job& request) {
         send_to_supervisor(
             MessageTag::kGo, go,
             {pipes.in.read_end.get(), pipes.out.write_end.get(), pipes.err.write_end.get()});
-        job.stdin_fd = std::move(pipes.in.write_end);
-        job.out.fd = std::move(pipes.out.read_end);
-        job.err.fd = std::move(pipes.err.read_end);
-        job.stdin_pending = job.settings.stdin_data;
-        if (job.stdin_pending.empty()) {
-            job.stdin_fd.reset();
-        } else {
-            write_stdin(job.key);
-        }
+        take_stdio(job, pipes);
     } catch (const Error& e) {
         signal_job(job, SIGKILL);
         job.report = failure_report(e.what());
@@ -283,15 +275,7 @@ void Jobs::launch(Job& job) {
         fds.insert(fds.end(), join_fds.begin(), join_fds.end());
         send_to_supervisor(MessageTag::kStart, {{"key", job.key}}, fds);
         job.started = true;
-        if (!job.zygote) job.stdin_fd = std::move(pipes.in.write_end);
-        job.out.fd = std::move(pipes.out.read_end);
-        job.err.fd = std::move(pipes.err.read_end);
-        job.stdin_pending = job.settings.stdin_data;
-        if (job.stdin_pending.empty() && !job.keep_stdin_open) {
-            job.stdin_fd.reset();
-        } else {
-            write_stdin(job.key);
-        }
+        take_stdio(job, pipes);  // the zygote's stdin (a pipe nobody reads) closes at once
     } catch (const Error& e) {
         job.report = failure_report(e.what());
         maybe_finish(job.key);
@@ -309,6 +293,16 @@ void Jobs::retire(uint64_t key) {
 }
 
 // ---- stdio ----
+
+// The server's ends of a sandbox's stdio, once the sandbox has the others; its stdin is fed what
+// the request brought, then closed (unless it stays open: a session's).
+void Jobs::take_stdio(Job& job, StdioPipes& pipes) {
+    job.stdin_fd = std::move(pipes.in.write_end);
+    job.out.fd = std::move(pipes.out.read_end);
+    job.err.fd = std::move(pipes.err.read_end);
+    job.stdin_pending = job.settings.stdin_data;
+    write_stdin(job.key);
+}
 
 bool Jobs::feed_stdin(uint64_t key, const std::string& bytes) {
     Job& job = jobs_.at(key);

@@ -173,6 +173,7 @@ class Jobs {
     void launch(Job& job);
     void send_to_supervisor(MessageTag tag, const json& body, const std::vector<int>& fds);
     void signal_job(const Job& job, int signal);
+    void take_stdio(Job& job, StdioPipes& pipes);
     void write_stdin(uint64_t key);
     void read_output(uint64_t key, bool stdout_stream);
     void stream_output(Job& job, bool stdout_stream, bool ended);

@@ -99,15 +99,7 @@ void Jobs::hand_to_zygote(Job& job) {
                        {request.get(), pipes.in.read_end.get(), pipes.out.write_end.get(),
                         pipes.err.write_end.get()});
         job.started = true;
-        job.stdin_fd = std::move(pipes.in.write_end);
-        job.out.fd = std::move(pipes.out.read_end);
-        job.err.fd = std::move(pipes.err.read_end);
-        job.stdin_pending = job.settings.stdin_data;
-        if (job.stdin_pending.empty()) {
-            job.stdin_fd.reset();
-        } else {
-            write_stdin(job.key);
-        }
+        take_stdio(job, pipes);
     } catch (const Error& e) {
         job.report = failure_report(e.what());
         maybe_finish(job.key);

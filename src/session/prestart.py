@@ -10,7 +10,7 @@
 # (CPU the cpu_time limit in seconds, or "-"), then CODE_LEN bytes of code, WORKDIR_LEN bytes of
 # working directory (none: stay where the sandbox started), and ENV_LEN bytes of "KEY=VALUE\0"
 # additions to the environment. Nothing beyond what `python3 -c pass` loads is imported here.
-# `_run` is src/session/python_c.py's, which the server puts before this file.
+# `_enter` and `_run` are src/session/python_c.py's, which the server puts before this file.
 import os
 import sys
 import time
@@ -49,11 +49,7 @@ def _request():
 
 
 def _prepare(workdir, env, cpu_seconds):
-    for entry in env.split(b"\0")[:-1]:
-        key, _, value = entry.partition(b"=")
-        os.environb[key] = value
-    if workdir:
-        os.chdir(workdir)
+    _enter(env, workdir)
     if cpu_seconds is not None:
         # What `sqbox run --cpu-time N` sets, counted from about now: RLIMIT_CPU counts the
         # process's whole life, and the start and the imports have used some already (whole

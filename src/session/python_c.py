@@ -1,6 +1,18 @@
-# Running code as `python3 -c CODE` runs it, for the interpreters sqbox starts before their
-# request (prestart.py, zygote.py): the server puts this file before each of them.
+# Entering a request and running its code as `python3 -c CODE` runs it, for the interpreters
+# sqbox starts before their request (prestart.py, zygote.py): the server puts this file before
+# each of them.
+import os
 import sys
+
+
+def _enter(env, workdir):
+    """The request's environment additions (KEY=VALUE, each ended by a NUL byte) and working
+    directory (none: stay where the sandbox started)."""
+    for entry in env.split(b"\0")[:-1]:
+        key, _, value = entry.partition(b"=")
+        os.environb[key] = value
+    if workdir:
+        os.chdir(workdir)
 
 
 def _run(code):

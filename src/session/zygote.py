@@ -12,8 +12,8 @@
 # (util/fd_passing.h). The server sends "gKEY" with four descriptors (the request in a memfd,
 # framed as prestart.py reads it, then the code's stdin, stdout and stderr) and "kKEY" (kill it).
 # The zygote sends "wCPU_NS" once ready, then "rKEY WAIT_STATUS CPU_NS MAX_RSS_KIB" as each
-# request's sandbox ends. SETTINGS is JSON the server made (session/zygote.cpp). `_run` is
-# src/session/python_c.py's, which the server puts before this file.
+# request's sandbox ends. SETTINGS is JSON the server made (session/zygote.cpp). `_enter` and
+# `_run` are src/session/python_c.py's, which the server puts before this file.
 import ctypes
 import gc
 import json
@@ -168,11 +168,7 @@ def _request_sandbox(fds):
         for target, fd in ((0, stdin), (1, stdout), (2, stderr)):
             os.dup2(fd, target)
         os.closerange(3, 1 << 16)
-        for entry in env.split(b"\0")[:-1]:
-            key, _, value = entry.partition(b"=")
-            os.environb[key] = value
-        if asked_workdir:
-            os.chdir(asked_workdir)
+        _enter(env, asked_workdir)
         if cpu_seconds is not None:
             # Its soft limit's SIGXCPU would not reach a pid 1: it is killed at the limit.
             resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
