@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <linux/openat2.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -40,7 +41,6 @@ struct SquashfsPrefetcher::State {
     };
 
     std::string mount_point;
-    UniqueFd root;  // the mount's root, opened by the worker
 
     std::mutex mutex;
     std::condition_variable wake;
@@ -57,8 +57,20 @@ struct SquashfsPrefetcher::State {
         // A lower priority (raising one's own nice value needs no privilege): on a busy machine
         // the serving thread and the payloads go first.
         (void)setpriority(PRIO_PROCESS, 0, kWorkerNice);  // 0: this thread (Linux)
-        // An O_PATH open of the mount's root asks the server nothing. Without it, no job runs.
-        root.reset(::open(mount_point.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+        // A descriptor table of its own, emptied: /dev/fuse must be held by the serving thread
+        // alone. This thread's opens of the mount still send OPEN (FileOpens::kAnswered), and a
+        // thread waiting for an answer its own server read but never gave cannot be killed;
+        // were /dev/fuse in its table too, a server killed (or crashed) meanwhile would never
+        // close it, and the connection, the server and its sandbox would live on for good.
+        // With it in the serving thread's table only, that thread's exit closes the device and
+        // the kernel aborts the connection, which ends the wait. Without its own table, no job
+        // runs.
+        if (::unshare(CLONE_FILES) != 0 || ::syscall(SYS_close_range, 0U, ~0U, 0U) != 0) return;
+        // Only this thread opens or closes descriptors of its table, so the job's and the root's
+        // descriptors are its own; none may outlive it in State, which the serving thread may
+        // destroy. An O_PATH open of the mount's root asks the server nothing.
+        const UniqueFd root(::open(mount_point.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+        if (!root) return;
         std::deque<Job> active;
         for (;;) {
             {
@@ -72,14 +84,13 @@ struct SquashfsPrefetcher::State {
             }
             Job job = std::move(active.front());
             active.pop_front();
-            if (read_ahead_chunk(job)) active.push_back(std::move(job));
+            if (read_ahead_chunk(root.get(), job)) active.push_back(std::move(job));
         }
     }
 
     // Asks the kernel to read the next chunk of `job`; true if the job has more to do. Any
     // failure just ends the job: the payload's own reads still work.
-    bool read_ahead_chunk(Job& job) const {
-        if (!root) return false;
+    static bool read_ahead_chunk(int root, Job& job) {
         if (!job.file) {
             // Only through names the kernel has cached (RESOLVE_CACHED): a lookup would be a
             // request to this very process, and a thread of the server waiting on its own
@@ -88,8 +99,8 @@ struct SquashfsPrefetcher::State {
             how.flags = O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY;
             how.resolve = RESOLVE_CACHED | RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS;
             const std::string relative = job.path.substr(1);  // below the mount's root
-            job.file.reset(static_cast<int>(
-                ::syscall(SYS_openat2, root.get(), relative.c_str(), &how, sizeof how)));
+            job.file.reset(
+                static_cast<int>(::syscall(SYS_openat2, root, relative.c_str(), &how, sizeof how)));
             if (!job.file) return false;
         }
         const uint64_t length = std::min(kChunkBytes, job.end - job.offset);

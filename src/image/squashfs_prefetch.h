@@ -17,12 +17,14 @@
 // Only reads start a prefetch, not lookups: stat-heavy payloads (ls -l, find, pip) look up many
 // files they never open, and reading those would only take time from the payload.
 //
-// The worker never makes a request it would have to wait for: it opens files only through names
-// the kernel has cached (RESOLVE_CACHED), and readahead(2) does not wait. A thread of the server
-// waiting for an answer from its own server cannot be killed once the request has been read
-// (the kernel then waits, uninterruptibly, for the answer), and it keeps the process's
-// /dev/fuse descriptor, so the connection would never end. What must be looked up ahead is
-// looked up by the supervisor instead (runtime/look_ahead.h).
+// A thread of the server waiting for an answer from its own server cannot be killed once the
+// request has been read (the kernel then waits, uninterruptibly, for the answer). So the worker
+// looks nothing up: it opens files only through names the kernel has cached (RESOLVE_CACHED;
+// what must be looked up ahead is looked up by the supervisor, runtime/look_ahead.h), and
+// readahead(2) does not wait. The one request it may wait for is the OPEN of a server that
+// answers opens (FileOpens::kAnswered); for that, it has a descriptor table of its own with no
+// /dev/fuse in it, so the serving thread's death closes the device and the kernel aborts the
+// connection, which ends the wait.
 #pragma once
 
 #include <sys/types.h>

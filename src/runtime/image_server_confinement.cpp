@@ -33,7 +33,8 @@ constexpr const char* kAssemblyDir = kSandboxDir;
 //    through a pipe (pipe2, vmsplice, splice); poll between bursts;
 //  - libsquashfuse: pread of the image, malloc (brk, mmap, ...);
 //  - the read-ahead thread: openat2 below its own mount (which is all its root holds),
-//    readahead, close; thread start and end (futex, rseq, set_robust_list, madvise);
+//    readahead, close (and, below, a descriptor table of its own); thread start and end (futex,
+//    rseq, set_robust_list, madvise);
 //  - glibc's clocks when the vDSO falls back, abort() (tgkill below), exit.
 // Not among them: anything with other processes (kill, ptrace, process_vm_*), new processes,
 // sockets, ioctl, mounts and namespaces, execve, changing identity or limits.
@@ -145,6 +146,11 @@ void install_image_server_filter() {
     for (const int command : {F_GETFD, F_SETFD, F_GETFL, F_SETFL, F_GETPIPE_SZ, F_SETPIPE_SZ}) {
         filter.add(SCMP_ACT_ALLOW, "fcntl", {SCMP_A1(SCMP_CMP_EQ, static_cast<uint64_t>(command))});
     }
+    // The read-ahead thread takes a descriptor table of its own and empties it, so that it never
+    // holds /dev/fuse (image/squashfs_prefetch.cpp says why); nothing else may be unshared.
+    filter.add(SCMP_ACT_ALLOW, "unshare",
+               {SCMP_A0(SCMP_CMP_EQ, static_cast<uint64_t>(CLONE_FILES))});
+    filter.add(SCMP_ACT_ALLOW, "close_range");
     // The read-ahead thread lowers its own priority; signals only to itself (abort()).
     filter.add(
         SCMP_ACT_ALLOW, "setpriority",

@@ -137,6 +137,44 @@ def test_the_running_image_server_holds_nothing_a_parser_bug_could_use(box):
     assert sandbox.returncode == 0, sandbox.stderr.read()
 
 
+def fuse_descriptors(task_path):
+    """How many of a task's descriptors are /dev/fuse (its own table, /proc/PID/task/TID/fd)."""
+    count = 0
+    for fd in os.listdir(f"{task_path}/fd"):
+        try:
+            count += os.readlink(f"{task_path}/fd/{fd}").endswith("/dev/fuse")
+        except FileNotFoundError:  # closed meanwhile
+            pass
+    return count
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the image server is not dumpable: only root can "
+                    "read its threads' descriptor tables")
+def test_only_the_serving_thread_of_the_image_server_holds_dev_fuse(box):
+    """The read-ahead thread opens files of the server's own mount, and each open is a request
+    to the server; a thread waiting for an answer its server read but never gave cannot be
+    killed. Were /dev/fuse in that thread's table too, a server killed meanwhile would never close
+    it: the run would hang past its timeout, FUSE connection and all (seen 1 run in ~500 of
+    test_sandboxes_whose_init_fails_at_once_always_end). So the thread has a table of its own
+    with no /dev/fuse in it, and the serving thread's exit aborts the connection."""
+    sandbox = subprocess.Popen(box.argv(box.python_image, ["sh", "-c", "echo ready; read x; true",
+                                                           box.marker], OWN_SERVER),
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        assert sandbox.stdout.readline() == "ready\n", sandbox.stderr.read()
+        server = find_image_server(sandbox.pid)
+        tasks = sorted(int(task) for task in os.listdir(f"/proc/{server}/task"))
+        assert server in tasks and len(tasks) == 2, tasks  # serving thread and read-ahead thread
+        held = {task: fuse_descriptors(f"/proc/{server}/task/{task}") for task in tasks}
+        assert held[server] == 1, held
+        assert all(count == 0 for task, count in held.items() if task != server), held
+    finally:
+        sandbox.stdin.close()
+        sandbox.wait(timeout=SANDBOX_TIMEOUT + GRACE)
+    assert sandbox.returncode == 0, sandbox.stderr.read()
+
+
 def squashfs_tables(data):
     """Offsets of the inode table, the directory table and what follows them."""
     inode_table, directory_table, fragment_table, lookup_table = struct.unpack_from(
