@@ -14,6 +14,12 @@
 # The zygote sends "wCPU_NS" once ready, then "rKEY WAIT_STATUS CPU_NS MAX_RSS_KIB" as each
 # request's sandbox ends. SETTINGS is JSON the server made (session/zygote.cpp). `_enter` and
 # `_run` are src/session/python_c.py's, which the server puts before this file.
+#
+# A request's pid 1 does not run the code itself: a pid 1 ignores every signal it has no handler
+# for, its own included (`os.kill(os.getpid(), SIGTERM)`, `signal.alarm`), and would leave the
+# orphans of the code unreaped. Once confined, it forks the code's process and waits as an init
+# does; when that process ends, it writes its wait status on a pipe to the zygote (a pid 1 cannot
+# die of a signal to say it) and exits, which ends everything else in the namespace.
 import ctypes
 import gc
 import json
@@ -40,7 +46,7 @@ _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctype
                         ctypes.c_char_p]
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
 _MNT_DETACH = 2
-_PR_SET_SECUREBITS, _PR_CAPBSET_DROP = 28, 24
+_PR_SET_DUMPABLE, _PR_SET_SECUREBITS, _PR_CAPBSET_DROP = 4, 28, 24
 _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 # NOROOT, NO_SETUID_FIXUP, KEEP_CAPS_LOCKED, NO_CAP_AMBIENT_RAISE and the locks of each.
 _SECUREBITS_LOCKED = 0xEF
@@ -155,9 +161,25 @@ def _fail(fd, error):
              % (step.strip("_").encode(), str(error).encode()))
 
 
+# Where a request's pid 1 keeps the write end of its status pipe, past the close of the rest.
+_STATUS_FD = 3
+
+
+def _wait_as_init(code_pid):
+    """The request's pid 1 once the code's process runs: reaps whatever ends (orphans of the code
+    too) until that process ends, hands its wait status to the zygote, and exits."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # as init, ignored: no KeyboardInterrupt here
+    while True:
+        pid, status = os.waitpid(-1, 0)
+        if pid == code_pid:
+            os.write(_STATUS_FD, b"%d" % status)
+            os._exit(0)
+
+
 def _request_sandbox(fds):
-    """The request's pid 1, from its sandbox's making to the end of its code."""
-    request_fd, stdin, stdout, stderr = fds
+    """The request's pid 1, from its sandbox's making to the end of its code (which runs in a
+    child of it)."""
+    request_fd, stdin, stdout, stderr, status = fds
     try:
         workdir = os.getcwd()
         _make_root(workdir)
@@ -165,20 +187,29 @@ def _request_sandbox(fds):
         _drop_privileges()
         _landlock()
         code, asked_workdir, env, cpu_seconds = _read_request(request_fd)
-        for target, fd in ((0, stdin), (1, stdout), (2, stderr)):
+        for target, fd in ((0, stdin), (1, stdout), (2, stderr), (_STATUS_FD, status)):
             os.dup2(fd, target)
-        os.closerange(3, 1 << 16)
+        os.closerange(_STATUS_FD + 1, 1 << 16)
         _enter(env, asked_workdir)
         if cpu_seconds is not None:
             # Its soft limit's SIGXCPU would not reach a pid 1: it is killed at the limit.
             resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
         _seccomp()
+        # pid 1 is not dumpable, as sqbox's init: the code cannot trace it or read its memory
+        # and descriptors. Set before the fork, so no moment has a dumpable pid 1 beside
+        # running code; the code's process takes it back, as `python3 -c` has it.
+        _check(_libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0), "not dumpable")
+        code_pid = os.fork()
+        if code_pid == 0:
+            _check(_libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0), "dumpable")
     except BaseException as error:
         _fail(stderr, error)
         os._exit(125)
+    if code_pid:
+        _wait_as_init(code_pid)
+    os.close(_STATUS_FD)
     if "random" in sys.modules:
-        sys.modules["random"].seed()  # the fork hook did; again, after the preload's draws
-    import os as _t; _T=[time.perf_counter()]
+        sys.modules["random"].seed()  # the fork hooks did; again, after the preload's draws
     _run(code)
 
 
@@ -190,8 +221,9 @@ class _Chosen(BaseException):
         self.fds = fds
 
 
-def _start(fds):
-    """Clones the request's pid 1 into new namespaces; returns its pid (in the zygote's)."""
+def _start(fds, status_write):
+    """Clones the request's pid 1 into new namespaces; returns its pid (in the zygote's). The
+    child gets `fds` and `status_write`, the end of its status pipe."""
     pids = _settings["pids"]
     if pids:
         # RLIMIT_NPROC counts per user and user namespace: in the new one, this request's
@@ -215,7 +247,7 @@ def _start(fds):
         except BaseException as error:
             _fail(fds[3], error)
             os._exit(125)
-        raise _Chosen(fds)
+        raise _Chosen([*fds, status_write])
     error = ctypes.get_errno()
     if pids:
         resource.setrlimit(resource.RLIMIT_NPROC, before)
@@ -226,9 +258,23 @@ def _start(fds):
     return pid
 
 
+def _ended_status(status_read, wait_status):
+    """The wait status of a request's code, from its pid 1's pipe; without one (killed, or failed
+    before the code ran), pid 1's own. Read once pid 1 is gone, so it never waits."""
+    try:
+        said = os.read(status_read, 32)
+    except BlockingIOError:
+        said = b""
+    os.close(status_read)
+    try:
+        return int(said) if said else wait_status
+    except ValueError:
+        return wait_status
+
+
 def _serve(channel, selector):
     selector.register(channel, selectors.EVENT_READ)
-    running = {}  # pidfd -> (key, pid)
+    running = {}  # pidfd -> (key, pid, status pipe's read end)
     by_key = {}  # key -> pid
     channel.send(b"w%d" % time.process_time_ns())
     while True:
@@ -242,7 +288,13 @@ def _serve(channel, selector):
                     if key in by_key:
                         os.kill(by_key[key], signal.SIGKILL)
                     continue
-                pid = _start(fds) if len(fds) == 4 else None
+                pid = None
+                if len(fds) == 4:
+                    status_read, status_write = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+                    pid = _start(fds, status_write)
+                    os.close(status_write)
+                    if pid is None:
+                        os.close(status_read)
                 for fd in fds:
                     os.close(fd)
                 if pid is None:
@@ -250,14 +302,15 @@ def _serve(channel, selector):
                     continue
                 pidfd = os.pidfd_open(pid)
                 selector.register(pidfd, selectors.EVENT_READ)
-                running[pidfd] = (key, pid)
+                running[pidfd] = (key, pid, status_read)
                 by_key[key] = pid
             else:
-                key, pid = running.pop(item.fileobj)
+                key, pid, status_read = running.pop(item.fileobj)
                 selector.unregister(item.fileobj)
                 os.close(item.fileobj)
                 del by_key[key]
                 _, status, usage = os.wait4(pid, 0)
+                status = _ended_status(status_read, status)
                 cpu_ns = int((usage.ru_utime + usage.ru_stime) * 1e9)
                 channel.send(b"r%s %d %d %d" % (key, status, cpu_ns, usage.ru_maxrss))
 

@@ -81,6 +81,44 @@ def test_run_python_runs_code_as_python_c_does(prestarted, code):
                                                           cold.stderr)
 
 
+# Signals the code sends itself, and orphans it leaves: as under `python3 -c`, whose process is
+# not its namespace's pid 1 (a pid 1 ignores signals it has no handler for, and reaps orphans).
+ORPHAN_ZOMBIES = """
+import os, time
+middle = os.fork()
+if middle == 0:
+    if os.fork() == 0:
+        os._exit(0)
+    os._exit(0)
+os.waitpid(middle, 0)
+time.sleep(0.5)
+states = [open('/proc/%s/stat' % p).read().rsplit(')', 1)[1].split()[0]
+          for p in os.listdir('/proc') if p.isdigit()]
+print(states.count('Z'))
+"""
+SIGNALS_AND_ORPHANS = [
+    "import os, signal; print('before', flush=True); os.kill(os.getpid(), signal.SIGTERM)",
+    "import signal, time; signal.alarm(1); time.sleep(20); print('not reached')",
+    "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
+    ORPHAN_ZOMBIES,
+    # Its pid 1 (sqbox's init, which refuses them, or the zygote's copy, which ignores them) goes
+    # on, and so does the code.
+    "import os, signal, time\nfor s in ('SIGKILL', 'SIGTERM', 'SIGINT', 'SIGHUP', 'SIGSTOP'):\n"
+    "    try:\n        os.kill(1, getattr(signal, s))\n    except PermissionError:\n"
+    "        pass\ntime.sleep(0.2)\nprint('alive')",
+]
+
+
+@pytest.mark.parametrize("code", SIGNALS_AND_ORPHANS,
+                         ids=["sigterm", "alarm", "sigkill", "orphan", "signals-to-pid-1"])
+def test_signals_and_orphans_of_the_code_are_as_under_python_c(prestarted, code):
+    fast = prestarted.run_python(code, timeout=15)
+    cold = prestarted.run(["python3", "-c", code], timeout=15)
+    assert fast.prestarted is True and not fast.timed_out, fast
+    assert (fast.exit_code, fast.signal, fast.stdout, fast.stderr) == (
+        cold.exit_code, cold.signal, cold.stdout, cold.stderr), (fast, cold)
+
+
 def test_preloaded_modules_are_imported_before_the_request(prestarted):
     probe = "import sys; print(sorted(m for m in ('json', 'decimal', 'email') if m in sys.modules))"
     assert prestarted.run_python(probe).stdout == "['decimal', 'json']\n"
@@ -338,7 +376,8 @@ def test_a_zygote_that_dies_fails_its_requests_and_another_takes_over(sqbox_bin,
     the requests it served with an error, and the next requests get a new zygote."""
     with sqbox.Sandbox(python_image, binary=sqbox_bin, zygote=True, timeout=30) as box:
         first = box.run_python("import os; print(os.getpid(), sorted(os.listdir('/proc')))")
-        assert first.prestarted and first.stdout == "1 ['1', 'self', 'thread-self']\n", first
+        # Its own pid namespace: its pid 1 (the zygote's copy that made the sandbox) and itself.
+        assert first.prestarted and first.stdout == "2 ['1', '2', 'self', 'thread-self']\n", first
         zygotes = [pid for pid in subprocess.run(
             ["pgrep", "-f", "-u", str(os.getuid()), "sqbox-zygote-lower"],
             stdout=subprocess.PIPE, text=True).stdout.split() if _descends(int(pid), box.pid)]
