@@ -69,6 +69,16 @@ AS_PYTHON_C = [
     "import subprocess; print(subprocess.run(['python3', '-c', 'print(5)'],"
     " capture_output=True, text=True).stdout, end='')",
     "import sys; sys.stdout.write('no newline'); sys.stderr.write('err')",
+    # What an interpreter's exit does: waits for threads, runs atexit functions, flushes files
+    # left open (a zygote's request ends without tearing the interpreter down).
+    "import threading, time\nthreading.Thread(target=lambda: (time.sleep(0.3), print('thread')))"
+    ".start()\nprint('main')",
+    "import atexit; atexit.register(print, 'at exit'); print('main')",
+    "f = open('/dev/stdout', 'w'); f.write('left open, unflushed'); print('main')",
+    "import sys; sys.exit(-1)",
+    "import sys; sys.exit(None)",
+    "raise SystemExit(False)",
+    "import sys; sys.stdout.close()",
 ]
 
 
