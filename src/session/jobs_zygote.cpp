@@ -107,9 +107,12 @@ void Jobs::hand_to_zygote(Job& job) {
 }
 
 // What the zygote says: that it is ready, or that a request's sandbox has ended. A message that
-// is not one of those, or names no request it was handed, is dropped.
+// is not one of those, or names no request it was handed, is dropped. At most
+// kZygoteMessagesPerRound a call: a zygote that sends without pause (the image's interpreter runs
+// it) must not keep the server from its clients; the poll loop comes back for the rest.
 void Jobs::read_zygote() {
-    while (zygote_channel_) {
+    constexpr int kZygoteMessagesPerRound = 64;
+    for (int read = 0; zygote_channel_ && read < kZygoteMessagesPerRound; ++read) {
         errno = 0;
         std::optional<FdMessage> message = receive_message_without_fds(zygote_channel_.get());
         if (!message) {

@@ -1,12 +1,19 @@
 # sqbox serve's zygote (docs/serve.md, "The zygote"; the argument in SECURITY.md), run as
 # `python3 -c THIS SETTINGS MODULE...` in a sandbox of its own, confined like any payload except
 # that its seccomp filter also lets it make namespaces and mounts (security/zygote_seccomp.h). It
-# imports the --preload modules once and never runs a request's code itself: for each request it
-# forks a child that makes a new sandbox (user, mount, pid, network, ipc, uts and cgroup
-# namespaces; a fresh writable layer, /tmp and /dev/shm; a procfs of its own), drops every
-# capability, applies Landlock and the server's seccomp filter on top of its own, and only then
-# reads the request and runs its code as `python3 -c` would. The child ends with that code; its
-# namespaces, and every process, file and socket in them, end with it.
+# imports the --preload modules once and never runs a request's code itself. It keeps one
+# sandbox made ahead, waiting for a request: a child cloned into new user, mount, pid, network,
+# ipc, uts and cgroup namespaces that makes its root (a fresh writable layer, /tmp and /dev/shm;
+# a procfs of its own), drops every capability and applies Landlock. That child, the sandbox's
+# pid 1, forks the process that will run the code, installs the server's seccomp filter on top
+# of its own and from then on only reaps. The code's process warms up (runs a request of its
+# own, whose output goes nowhere, so that the pages of the zygote it writes are copied before a
+# request waits for them) and waits; given a request, it applies it, installs the server's filter
+# and runs the code as `python3 -c` would. When the code's process ends, pid 1 writes its wait
+# status on a pipe to the zygote (a pid 1 cannot die of a signal to say it: and the code is not
+# pid 1, which would ignore signals it sends itself and leave orphans unreaped) and exits, which
+# ends everything else in the namespace. Each request takes the sandbox made ahead, and the next
+# is made while it runs.
 #
 # Descriptor 0 is a SOCK_SEQPACKET socket to the server; each message is a tag byte and text
 # (util/fd_passing.h). The server sends "gKEY" with four descriptors (the request in a memfd,
@@ -14,12 +21,6 @@
 # The zygote sends "wCPU_NS" once ready, then "rKEY WAIT_STATUS CPU_NS MAX_RSS_KIB" as each
 # request's sandbox ends. SETTINGS is JSON the server made (session/zygote.cpp). `_enter` and
 # `_run` are src/session/python_c.py's, which the server puts before this file.
-#
-# A request's pid 1 does not run the code itself: a pid 1 ignores every signal it has no handler
-# for, its own included (`os.kill(os.getpid(), SIGTERM)`, `signal.alarm`), and would leave the
-# orphans of the code unreaped. Once confined, it forks the code's process and waits as an init
-# does; when that process ends, it writes its wait status on a pipe to the zygote (a pid 1 cannot
-# die of a signal to say it) and exits, which ends everything else in the namespace.
 import atexit
 import ctypes
 import gc
@@ -137,11 +138,14 @@ def _landlock():
     os.close(ruleset)
 
 
+# The server's filter as the kernel takes it, made once: each request only installs it.
+_FILTER = ctypes.create_string_buffer(bytes.fromhex(_settings["filter"]))
+_FILTER_PROGRAM = struct.pack("HxxxxxxP", (len(_FILTER) - 1) // 8, ctypes.addressof(_FILTER))
+
+
 def _seccomp():
-    program = bytes.fromhex(_settings["filter"])
-    buffer = ctypes.create_string_buffer(program, len(program))
-    fprog = struct.pack("HxxxxxxP", len(program) // 8, ctypes.addressof(buffer))
-    _check(_libc.syscall(_SYS["seccomp"], 1, _settings["filter_flags"], fprog), "seccomp")
+    _check(_libc.syscall(_SYS["seccomp"], 1, _settings["filter_flags"], _FILTER_PROGRAM),
+           "seccomp")
 
 
 def _read_request(fd):
@@ -163,13 +167,14 @@ def _fail(fd, error):
              % (step.strip("_").encode(), str(error).encode()))
 
 
-# Where a request's pid 1 keeps the write end of its status pipe, past the close of the rest.
-_STATUS_FD = 3
+# Where a sandbox's pid 1 keeps the write end of its status pipe, and where the sandbox waits for
+# its request (its end of a socket pair with the zygote), past the close of the rest.
+_REQUEST_FD, _STATUS_FD = 0, 3
 
 
 def _wait_as_init(code_pid):
-    """The request's pid 1 once the code's process runs: reaps whatever ends (orphans of the code
-    too) until that process ends, hands its wait status to the zygote, and exits."""
+    """The sandbox's pid 1 once the code's process exists: reaps whatever ends (orphans of the
+    code too) until that process ends, hands its wait status to the zygote, and exits."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # as init, ignored: no KeyboardInterrupt here
     while True:
         pid, status = os.waitpid(-1, 0)
@@ -178,38 +183,86 @@ def _wait_as_init(code_pid):
             os._exit(0)
 
 
-def _request_sandbox(fds):
-    """The request's pid 1, from its sandbox's making to the end of its code (which runs in a
-    child of it)."""
-    request_fd, stdin, stdout, stderr, status = fds
+# A request as _read_request reads it, and code shaped like most requests' start.
+_WARM_UP_REQUEST = b"%d 0 %d -\n%s%s" % (
+    len(b"import sys; print(sys.argv)"), len(b"SQBOX_WARM_UP=1\0"), b"import sys; print(sys.argv)",
+    b"SQBOX_WARM_UP=1\0")
+
+
+def _warm_up():
+    """In the code's process, before its request: what every request does first (reading the
+    request, entering it, compiling and running code that prints), run once on a request of its
+    own whose output goes nowhere. This copy of the zygote writes to the same pages either way;
+    warmed up, it has copied them before its request comes instead of while the request waits.
+    The request then sets up all of it anew (its __main__, sys.argv, environment, stdio)."""
+    read_end, write_end = os.pipe()
+    os.write(write_end, _WARM_UP_REQUEST)
+    os.close(write_end)
+    code, workdir, env, _ = _read_request(read_end)
+    stdout = sys.stdout
+    sys.stdout = io.StringIO()
     try:
+        _enter(env, workdir)
+        _run(code)
+    finally:
+        sys.stdout = stdout
+        del os.environ["SQBOX_WARM_UP"]
+
+
+def _ready_sandbox(failed):
+    """A sandbox's pid 1, made ahead of its request: builds the sandbox, forks the process that
+    will run the code, and from then on only reaps. That process waits for the request, and only
+    then applies it and the server's seccomp filter and runs the code. A step that fails (or
+    `failed`, an error of the clone's child) is said on the request's stderr once it comes."""
+    code_pid = None
+    try:
+        if failed:
+            raise failed
         workdir = os.getcwd()
         _make_root(workdir)
         _loopback_up()
         _drop_privileges()
         _landlock()
-        code, asked_workdir, env, cpu_seconds = _read_request(request_fd)
-        for target, fd in ((0, stdin), (1, stdout), (2, stderr), (_STATUS_FD, status)):
-            os.dup2(fd, target)
-        os.closerange(_STATUS_FD + 1, 1 << 16)
-        _enter(env, asked_workdir)
-        if cpu_seconds is not None:
-            # Its soft limit's SIGXCPU would not reach a pid 1: it is killed at the limit.
-            resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
-        _seccomp()
         # pid 1 is not dumpable, as sqbox's init: the code cannot trace it or read its memory
         # and descriptors. Set before the fork, so no moment has a dumpable pid 1 beside
         # running code; the code's process takes it back, as `python3 -c` has it.
         _check(_libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0), "not dumpable")
         code_pid = os.fork()
-        if code_pid == 0:
-            _check(_libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0), "dumpable")
+        if code_pid:
+            try:
+                os.close(_REQUEST_FD)
+                _seccomp()
+            except BaseException:
+                os._exit(125)  # and the code's process with it, before any request
+            _wait_as_init(code_pid)
+        os.close(_STATUS_FD)
+        _check(_libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0), "dumpable")
+        _warm_up()
     except BaseException as error:
-        _fail(stderr, error)
+        failed = error
+    request = socket.socket(fileno=_REQUEST_FD)
+    _, fds, _, _ = socket.recv_fds(request, 16, 4)
+    request.close()
+    if len(fds) != 4:
+        os._exit(125)  # the zygote ended, or sent nothing to run
+    request_fd, stdin, stdout, stderr = fds
+    error_fd = stderr
+    try:
+        if failed:
+            raise failed
+        code, asked_workdir, env, cpu_seconds = _read_request(request_fd)
+        for target, fd in ((0, stdin), (1, stdout), (2, stderr)):
+            os.dup2(fd, target)
+        error_fd = 2
+        for fd in {stdin, stdout, stderr} - {0, 1, 2}:
+            os.close(fd)
+        _enter(env, asked_workdir)
+        if cpu_seconds is not None:
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
+        _seccomp()
+    except BaseException as error:
+        _fail(error_fd, error)
         os._exit(125)
-    if code_pid:
-        _wait_as_init(code_pid)
-    os.close(_STATUS_FD)
     if "random" in sys.modules:
         sys.modules["random"].seed()  # the fork hooks did; again, after the preload's draws
     _end(_exit_status_of(code))
@@ -263,16 +316,19 @@ def _end(status):
 
 
 class _Chosen(BaseException):
-    """Raised in a request's pid 1 to leave the zygote's loop (and its frames) behind."""
+    """Raised in a sandbox's pid 1 to leave the zygote's loop (and its frames) behind."""
 
-    def __init__(self, fds):
+    def __init__(self, request_end, status_write, failed):
         super().__init__()
-        self.fds = fds
+        self.request_end, self.status_write, self.failed = request_end, status_write, failed
 
 
-def _start(fds, status_write):
-    """Clones the request's pid 1 into new namespaces; returns its pid (in the zygote's). The
-    child gets `fds` and `status_write`, the end of its status pipe."""
+def _make_sandbox():
+    """Clones a sandbox's pid 1 into new namespaces, to wait there for a request: returns
+    (its pid in the zygote's namespace, the socket its request goes to, the read end of its
+    status pipe). Raises OSError if the clone fails."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    status_read, status_write = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
     pids = _settings["pids"]
     if pids:
         # RLIMIT_NPROC counts per user and user namespace: in the new one, this request's
@@ -287,6 +343,7 @@ def _start(fds, status_write):
     # namespaces: one copy of the zygote per request, whose child is pid 1 of its own.
     pid = _libc.syscall(_SYS["clone"], _settings["namespaces"] | signal.SIGCHLD, 0, 0, 0, 0)
     if pid == 0:
+        failed = None
         try:
             if pids:
                 resource.setrlimit(resource.RLIMIT_NPROC, (pids, pids))
@@ -294,17 +351,18 @@ def _start(fds, status_write):
             _write("/proc/self/uid_map", "%d %d 1" % (uid, uid))
             _write("/proc/self/gid_map", "%d %d 1" % (gid, gid))
         except BaseException as error:
-            _fail(fds[3], error)
-            os._exit(125)
-        raise _Chosen([*fds, status_write])
+            failed = error
+        raise _Chosen(theirs.detach(), status_write, failed)
     error = ctypes.get_errno()
     if pids:
         resource.setrlimit(resource.RLIMIT_NPROC, before)
+    theirs.close()
+    os.close(status_write)
     if pid < 0:
-        os.write(fds[3], b"sqbox: the zygote could not make this request's sandbox (clone): %s\n"
-                 % os.strerror(error).encode())
-        return None
-    return pid
+        ours.close()
+        os.close(status_read)
+        raise OSError(error, "clone: " + os.strerror(error))
+    return pid, ours, status_read
 
 
 def _ended_status(status_read, wait_status):
@@ -322,9 +380,24 @@ def _ended_status(status_read, wait_status):
 
 
 def _serve(channel, selector):
+    """Answers the server: one sandbox is kept made ahead (`ready`), waiting for its request;
+    each request takes it, and the next is made while the request runs."""
     selector.register(channel, selectors.EVENT_READ)
-    running = {}  # pidfd -> (key, pid, status pipe's read end)
+    running = {}  # pidfd -> (key or None while it waits for a request, pid, status read end)
     by_key = {}  # key -> pid
+    ready = None  # (pidfd, socket) of the sandbox made ahead
+
+    def make_ready():
+        pid, request, status_read = _make_sandbox()
+        pidfd = os.pidfd_open(pid)
+        selector.register(pidfd, selectors.EVENT_READ)
+        running[pidfd] = (None, pid, status_read)
+        return pidfd, request
+
+    try:
+        ready = make_ready()
+    except OSError:
+        ready = None  # made when a request comes, and its error said there
     channel.send(b"w%d" % time.process_time_ns())
     while True:
         for item, _ in selector.select():
@@ -337,43 +410,67 @@ def _serve(channel, selector):
                     if key in by_key:
                         os.kill(by_key[key], signal.SIGKILL)
                     continue
-                pid = None
-                if len(fds) == 4:
-                    status_read, status_write = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-                    pid = _start(fds, status_write)
-                    os.close(status_write)
-                    if pid is None:
-                        os.close(status_read)
-                for fd in fds:
-                    os.close(fd)
-                if pid is None:
+                if len(fds) != 4:
+                    for fd in fds:
+                        os.close(fd)
                     channel.send(b"r%s %d 0 0" % (key, 125 << 8))
                     continue
-                pidfd = os.pidfd_open(pid)
-                selector.register(pidfd, selectors.EVENT_READ)
-                running[pidfd] = (key, pid, status_read)
-                by_key[key] = pid
+                step = b"clone"
+                try:
+                    if ready is None:
+                        ready = make_ready()
+                    (pidfd, request), ready = ready, None
+                    step = b"hand-over"
+                    with request:
+                        socket.send_fds(request, [b"g"], fds)
+                    _, pid, status_read = running[pidfd]
+                    running[pidfd] = (key, pid, status_read)
+                    by_key[key] = pid
+                except OSError as error:
+                    # A sandbox whose hand-over failed ends for want of a request, its pidfd
+                    # says when.
+                    os.write(fds[3], b"sqbox: the zygote could not make this request's sandbox "
+                             b"(%s): %s\n" % (step, str(error).encode()))
+                    channel.send(b"r%s %d 0 0" % (key, 125 << 8))
+                for fd in fds:
+                    os.close(fd)
+                if ready is None:
+                    try:
+                        ready = make_ready()
+                    except OSError:
+                        pass  # made when the next request comes
             else:
-                key, pid, status_read = running.pop(item.fileobj)
-                selector.unregister(item.fileobj)
-                os.close(item.fileobj)
-                del by_key[key]
+                pidfd = item.fileobj
+                key, pid, status_read = running.pop(pidfd)
+                selector.unregister(pidfd)
+                os.close(pidfd)
                 _, status, usage = os.wait4(pid, 0)
                 status = _ended_status(status_read, status)
+                if key is None:
+                    # Ended before any request (killed, or its hand-over failed): the next
+                    # request gets one made for it.
+                    if ready is not None and ready[0] == pidfd:
+                        ready[1].close()
+                        ready = None
+                    continue
+                del by_key[key]
                 cpu_ns = int((usage.ru_utime + usage.ru_stime) * 1e9)
                 channel.send(b"r%s %d %d %d" % (key, status, cpu_ns, usage.ru_maxrss))
 
 
-_fds = None
+_chosen = None
 _channel = socket.socket(fileno=0)
 _selector = selectors.DefaultSelector()
 try:
     _serve(_channel, _selector)
 except _Chosen as chosen:
-    # Their descriptors are closed here and now, never by a collector once the request's own
+    # Their descriptors are closed here and now, never by a collector once the sandbox's own
     # descriptors may have the same numbers.
     _selector.close()
     _channel.detach()
-    _fds = chosen.fds  # this is a request's pid 1: what follows runs outside the handler
-if _fds:
-    _request_sandbox(_fds)
+    _chosen = chosen  # this is a sandbox's pid 1: what follows runs outside the handler
+if _chosen:
+    os.dup2(_chosen.request_end, _REQUEST_FD)  # in place of the channel to the server
+    os.dup2(_chosen.status_write, _STATUS_FD)
+    os.closerange(_STATUS_FD + 1, 1 << 16)
+    _ready_sandbox(_chosen.failed)

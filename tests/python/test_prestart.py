@@ -371,12 +371,16 @@ def test_a_preload_the_image_lacks_turns_the_zygote_off(sqbox_bin, python_image)
                         "module named 'no_such_module_here'); --zygote is off"], proc.stderr
 
 
+def _parent(pid):
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("PPid:"))
+
+
 def _descends(pid, ancestor):
     while pid > 1:
         if pid == ancestor:
             return True
-        with open(f"/proc/{pid}/status") as status:
-            pid = next(int(l.split()[1]) for l in status if l.startswith("PPid:"))
+        pid = _parent(pid)
     return False
 
 
@@ -388,10 +392,14 @@ def test_a_zygote_that_dies_fails_its_requests_and_another_takes_over(sqbox_bin,
         first = box.run_python("import os; print(os.getpid(), sorted(os.listdir('/proc')))")
         # Its own pid namespace: its pid 1 (the zygote's copy that made the sandbox) and itself.
         assert first.prestarted and first.stdout == "2 ['1', '2', 'self', 'thread-self']\n", first
-        zygotes = [pid for pid in subprocess.run(
+        # The zygote's copies (the sandbox made ahead for the next request: its pid 1 and the
+        # process that will run the code) have its command line too; the zygote is the one
+        # whose parent is none of them.
+        copies = {int(pid) for pid in subprocess.run(
             ["pgrep", "-f", "-u", str(os.getuid()), "sqbox-zygote-lower"],
-            stdout=subprocess.PIPE, text=True).stdout.split() if _descends(int(pid), box.pid)]
-        assert len(zygotes) == 1, zygotes
+            stdout=subprocess.PIPE, text=True).stdout.split() if _descends(int(pid), box.pid)}
+        zygotes = [pid for pid in copies if _parent(pid) not in copies]
+        assert len(zygotes) == 1, (zygotes, copies)
         errors = []
 
         def served_when_the_zygote_dies():
