@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Pre-started interpreters (`sqbox serve --prestart N --preload ...`, Sandbox.run_python)
-against native Python, in one run.
+"""Pre-started interpreters (`sqbox serve --prestart N --preload ...`) and the zygote
+(`sqbox serve --zygote --preload ...`), through Sandbox.run_python, against native Python, in
+one run.
 
 Measures:
   1. latency from the request to the user's code running, in a sandbox nothing else ran in,
@@ -15,6 +16,9 @@ Measures:
      sandbox, against native `python3 -c pass` runs per second; target: >= 2 x native;
   3. resident memory of an idle pre-started sandbox (init + interpreter, PSS and RSS, with the
      preload), and what a 24 GiB node holds at that size.
+Each of 1 and 2 (and the CPU per execution) for both ways: pre-started sandboxes, and
+sandboxes forked from the zygote (refused as root: skipped there, saying so). Native is measured
+in the same rounds as each.
 
 Usage: bench/prestart.py [--image PATH] [--rounds N] [--throughput N] [--prestart N]
                          [--idle N] [--as-user USER] [--json FILE]
@@ -24,7 +28,6 @@ import argparse
 import json
 import os
 import pwd
-import resource
 import shutil
 import subprocess
 import sys
@@ -67,6 +70,11 @@ def native_sample(prefix, code):
     return (int(result.stdout) - sent) / 1e6, total
 
 
+# How run_python is served: the client's Sandbox options for each way.
+WAYS = {"prestarted": lambda args: {"prestart": args.prestart},
+        "zygote": lambda args: {"zygote": True}}
+
+
 def prestarted_sample(box, code):
     sent = time.time_ns()
     started = time.perf_counter()
@@ -79,7 +87,7 @@ def prestarted_sample(box, code):
 
 def latency(box, prefix, code, rounds):
     rows = {"native": lambda: native_sample(prefix, code),
-            "prestarted": lambda: prestarted_sample(box, code)}
+            "sqbox": lambda: prestarted_sample(box, code)}
     samples = {name: ([], []) for name in rows}
     names = list(rows)
     for round_index in range(WARMUP + rounds):
@@ -102,21 +110,26 @@ def throughput(runs, workers, call):
     return runs / (time.perf_counter() - started)
 
 
-def children_cpu_ms():
-    """CPU time (user + system) of every descendant waited for so far: a server's sandboxes count
-    once the server has exited (each level reaps the one below)."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (usage.ru_utime + usage.ru_stime) * 1000
+def machine_cpu_ms():
+    """CPU time the whole machine has spent busy (user, nice, system, irq, softirq; all CPUs):
+    every process of a run and the kernel's own threads (a network namespace's teardown runs in
+    one), which no process's rusage holds; the zygote's requests are reaped by processes that
+    are killed at the server's end, so their rusage never reaches this one. Run on an otherwise
+    idle machine."""
+    with open("/proc/stat") as stat:
+        fields = [int(value) for value in stat.readline().split()[1:]]
+    busy = fields[0] + fields[1] + fields[2] + fields[5] + fields[6]
+    return busy * 1000 / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_per_execution(runs, start, call, stop=lambda: None):
-    """CPU of all processes per execution, run one after another (machine load aside)."""
-    before = children_cpu_ms()
+    """CPU of the machine per execution, run one after another."""
+    before = machine_cpu_ms()
     start()
     for _ in range(runs):
         call()
     stop()
-    return (children_cpu_ms() - before) / runs
+    return (machine_cpu_ms() - before) / runs
 
 
 def descendants(pid):
@@ -177,6 +190,32 @@ def idle_memory(box, count):
     return {name: value / len(payloads) for name, value in totals.items()}
 
 
+def measure_way(image, sqbox_bin, options, args, prefix, native_pass_run, workers):
+    """Latency (plain, with the preload), throughput and CPU per execution of run_python served
+    with the Sandbox `options`, each next to native measured in the same rounds."""
+    figures = {}
+    # The zygote always has the preload imported; with nothing to preload it imports nothing.
+    with sqbox.Sandbox(image, binary=sqbox_bin, **options) as box:
+        figures["plain"] = latency(box, prefix, STAMP, args.rounds)
+        figures["throughput"] = {
+            "runs": args.throughput, "workers": workers,
+            "sqbox_per_second": throughput(args.throughput, workers,
+                                           lambda: box.run_python("pass")),
+            "native_per_second": throughput(args.throughput, workers, native_pass_run)}
+    with sqbox.Sandbox(image, binary=sqbox_bin, preload=PRELOAD, **options) as box:
+        figures["preload"] = latency(box, prefix, PRELOAD_STAMP, args.rounds)
+    # Where the throughput goes: CPU per execution, the server's start (and its pool's spare
+    # sandboxes) spread over the runs.
+    boxes = []
+    figures["cpu_ms_per_execution"] = {
+        "native": cpu_per_execution(args.throughput, lambda: None, native_pass_run),
+        "sqbox": cpu_per_execution(
+            args.throughput,
+            lambda: boxes.append(sqbox.Sandbox(image, binary=sqbox_bin, **options)),
+            lambda: boxes[-1].run_python("pass"), lambda: boxes[-1].close())}
+    return figures
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--image")
@@ -208,57 +247,47 @@ def main():
         subprocess.run(["unsquashfs", "-q", "-n", "-d", rootfs, image], check=True,
                        stdout=subprocess.DEVNULL)
         prefix = native_prefix(rootfs)
-        with sqbox.Sandbox(image, binary=sqbox_bin, prestart=args.prestart) as box:
-            figures["plain"] = latency(box, prefix, STAMP, args.rounds)
-            run_pass = lambda: box.run_python("pass")  # noqa: E731
-            figures["throughput"] = {"runs": args.throughput, "workers": workers,
-                                     "prestarted_per_second":
-                                         throughput(args.throughput, workers, run_pass)}
-        with sqbox.Sandbox(image, binary=sqbox_bin, prestart=args.prestart,
-                           preload=PRELOAD) as box:
-            figures["preload"] = latency(box, prefix, PRELOAD_STAMP, args.rounds)
         native_pass_run = lambda: subprocess.run(  # noqa: E731
             prefix + ["python3", "-c", "pass"], stdin=subprocess.DEVNULL, check=True)
-        figures["throughput"]["native_per_second"] = throughput(args.throughput, workers,
-                                                                native_pass_run)
-        # Where the throughput goes: CPU per execution, the server's start and its pool's spare
-        # sandboxes spread over the runs.
-        boxes = []
-        figures["cpu_ms_per_execution"] = {
-            "native": cpu_per_execution(args.throughput, lambda: None, native_pass_run),
-            "prestarted": cpu_per_execution(
-                args.throughput,
-                lambda: boxes.append(sqbox.Sandbox(image, binary=sqbox_bin,
-                                                   prestart=args.prestart)),
-                lambda: boxes[-1].run_python("pass"), lambda: boxes[-1].close())}
+        for way, options in WAYS.items():
+            if way == "zygote" and os.geteuid() == 0:
+                print("zygote: skipped: sqbox serve refuses --zygote as root (mapping uid 0 "
+                      "into a request's user namespace needs CAP_SETFCAP); use --as-user",
+                      file=sys.stderr)
+                continue
+            figures[way] = measure_way(image, sqbox_bin, options(args), args, prefix,
+                                       native_pass_run, workers)
         with sqbox.Sandbox(image, binary=sqbox_bin, prestart=args.idle,
                            preload=PRELOAD) as box:
             figures["idle_kib"] = idle_memory(box, args.idle)
 
     print(f"image {image}, as {pwd.getpwuid(os.geteuid()).pw_name}, {args.rounds} rounds, "
-          f"serve --prestart {args.prestart}")
-    for key, label in (("plain", "python3 -c (stamp)"),
-                       ("preload", f"import {', '.join(PRELOAD)}")):
-        f = figures[key]
-        native_code = f["native"]["to_code_ms"]["median"]
-        print(f"{label}: {'median':>8s} {'p10':>8s} {'p90':>8s} {'x native':>9s}")
-        for name in ("native", "prestarted"):
-            for what in ("to_code_ms", "round_trip_ms"):
-                s = f[name][what]
-                ratio = s["median"] / f["native"][what]["median"]
-                print(f"  {name + ' ' + what:32s} {s['median']:8.2f} {s['p10']:8.2f} "
-                      f"{s['p90']:8.2f} {ratio:9.2f}")
-        print(f"  request -> code running: {f['prestarted']['to_code_ms']['median'] / native_code:.3f}"
-              f" x native's start to code")
-    t = figures["throughput"]
-    print(f"throughput, {t['runs']} executions with {workers} workers: run_python "
-          f"{t['prestarted_per_second']:.1f}/s, native python3 -c pass "
-          f"{t['native_per_second']:.1f}/s "
-          f"({t['prestarted_per_second'] / t['native_per_second']:.2f} x native)")
-    c = figures["cpu_ms_per_execution"]
-    print(f"CPU per execution (all processes): run_python('pass') {c['prestarted']:.1f} ms, "
-          f"native python3 -c pass {c['native']:.1f} ms "
-          f"({c['prestarted'] / c['native']:.2f} x native)")
+          f"serve --prestart {args.prestart} / --zygote")
+    for way in WAYS:
+        if way not in figures:
+            continue
+        for key, label in (("plain", "python3 -c (stamp)"),
+                           ("preload", f"import {', '.join(PRELOAD)}")):
+            f = figures[way][key]
+            native_code = f["native"]["to_code_ms"]["median"]
+            print(f"{way}, {label}: {'median':>8s} {'p10':>8s} {'p90':>8s} {'x native':>9s}")
+            for name in ("native", "sqbox"):
+                for what in ("to_code_ms", "round_trip_ms"):
+                    st = f[name][what]
+                    ratio = st["median"] / f["native"][what]["median"]
+                    print(f"  {name + ' ' + what:32s} {st['median']:8.2f} {st['p10']:8.2f} "
+                          f"{st['p90']:8.2f} {ratio:9.2f}")
+            print(f"  request -> code running: {f['sqbox']['to_code_ms']['median'] / native_code:.3f}"
+                  f" x native's start to code")
+        t = figures[way]["throughput"]
+        print(f"{way}: throughput, {t['runs']} executions with {workers} workers: run_python "
+              f"{t['sqbox_per_second']:.1f}/s, native python3 -c pass "
+              f"{t['native_per_second']:.1f}/s "
+              f"({t['sqbox_per_second'] / t['native_per_second']:.2f} x native)")
+        c = figures[way]["cpu_ms_per_execution"]
+        print(f"{way}: CPU per execution (the machine's): run_python('pass') {c['sqbox']:.1f} ms, "
+              f"native python3 -c pass {c['native']:.1f} ms "
+              f"({c['sqbox'] / c['native']:.2f} x native)")
     m = figures["idle_kib"]
     per_node = NODE_BYTES / (m["pss"] * 1024)
     figures["idle_kib"]["per_24_gib_node_by_pss"] = per_node
