@@ -5,6 +5,7 @@ the running server from the outside (its /proc entries, as the host sees them) f
 SECURITY.md names, and feed sqbox corrupted images: each run ends cleanly (exit 0, or 125 with
 one line), never hangs, and leaves nothing behind.
 """
+import contextlib
 import json
 import os
 import random
@@ -70,15 +71,25 @@ def mount_points(pid):
     return mounts
 
 
-def test_the_running_image_server_holds_nothing_a_parser_bug_could_use(box):
+@contextlib.contextmanager
+def running_image_server(box):
+    """The image server (pid) of a sandbox of the Python image with a server of its own, while
+    the sandbox waits; the sandbox must then end with 0."""
     sandbox = subprocess.Popen(box.argv(box.python_image, ["sh", "-c", "echo ready; read x; true",
                                                            box.marker], OWN_SERVER),
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     try:
         assert sandbox.stdout.readline() == "ready\n", sandbox.stderr.read()
-        server = find_image_server(sandbox.pid)
+        yield find_image_server(sandbox.pid)
+    finally:
+        sandbox.stdin.close()
+        sandbox.wait(timeout=SANDBOX_TIMEOUT + GRACE)
+    assert sandbox.returncode == 0, sandbox.stderr.read()
 
+
+def test_the_running_image_server_holds_nothing_a_parser_bug_could_use(box):
+    with running_image_server(box) as server:
         # No capability in any set, no_new_privs, and seccomp in filter mode, in every thread
         # (the read-ahead thread included).
         tasks = os.listdir(f"/proc/{server}/task")
@@ -131,10 +142,6 @@ def test_the_running_image_server_holds_nothing_a_parser_bug_could_use(box):
                 os.listdir(f"/proc/{server}/fd")
             with pytest.raises(PermissionError):
                 os.listdir(f"/proc/{server}/root")
-    finally:
-        sandbox.stdin.close()
-        sandbox.wait(timeout=SANDBOX_TIMEOUT + GRACE)
-    assert sandbox.returncode == 0, sandbox.stderr.read()
 
 
 def fuse_descriptors(task_path):
@@ -157,22 +164,12 @@ def test_only_the_serving_thread_of_the_image_server_holds_dev_fuse(box):
     it: the run would hang past its timeout, FUSE connection and all (seen 1 run in ~500 of
     test_sandboxes_whose_init_fails_at_once_always_end). So the thread has a table of its own
     with no /dev/fuse in it, and the serving thread's exit aborts the connection."""
-    sandbox = subprocess.Popen(box.argv(box.python_image, ["sh", "-c", "echo ready; read x; true",
-                                                           box.marker], OWN_SERVER),
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    try:
-        assert sandbox.stdout.readline() == "ready\n", sandbox.stderr.read()
-        server = find_image_server(sandbox.pid)
+    with running_image_server(box) as server:
         tasks = sorted(int(task) for task in os.listdir(f"/proc/{server}/task"))
         assert server in tasks and len(tasks) == 2, tasks  # serving thread and read-ahead thread
         held = {task: fuse_descriptors(f"/proc/{server}/task/{task}") for task in tasks}
         assert held[server] == 1, held
         assert all(count == 0 for task, count in held.items() if task != server), held
-    finally:
-        sandbox.stdin.close()
-        sandbox.wait(timeout=SANDBOX_TIMEOUT + GRACE)
-    assert sandbox.returncode == 0, sandbox.stderr.read()
 
 
 def squashfs_tables(data):
