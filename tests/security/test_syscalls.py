@@ -2,7 +2,9 @@
 entry point (syscall(2), int $0x80, x32), and the syscalls the default profile denies."""
 import errno
 import json
+import signal
 import subprocess
+import sys
 
 import pytest
 
@@ -110,9 +112,31 @@ def test_forbidden_syscalls_through_syscall2(box):
     assert res["keyctl"] == "EPERM" and res["unshare"] == "EPERM", res
 
 
+# getpid through int $0x80 (mov eax, 20; int 0x80; ret), run from executable memory.
+I386_GETPID = r"""
+import ctypes, mmap
+code = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+code.write(b"\xb8\x14\x00\x00\x00\xcd\x80\xc3")
+address = ctypes.addressof(ctypes.c_char.from_buffer(code))
+print(ctypes.CFUNCTYPE(ctypes.c_long)(address)())
+"""
+
+
+def host_has_the_i386_abi():
+    """Whether int $0x80 works on the host, outside any sandbox: some kernels (and VMs) have no
+    32-bit entry, and the instruction then kills the process with SIGSEGV everywhere."""
+    probe = subprocess.run([sys.executable, "-c", I386_GETPID], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, timeout=30)
+    assert probe.returncode in (0, -signal.SIGSEGV), probe.stderr
+    return probe.returncode == 0
+
+
 def test_forbidden_syscalls_through_the_i386_abi(box):
     """int $0x80 from a 64-bit process: the i386 numbers must be filtered too, with an error
     rather than a silent kill."""
+    if not host_has_the_i386_abi():
+        pytest.skip("the kernel has no i386 ABI here: int $0x80 kills a process with SIGSEGV "
+                    "outside any sandbox, so there is nothing to filter")
     result, res = box.attack("int80")
     assert result.returncode == 0, result
     assert result.stdout.endswith("done\n"), result.stdout
