@@ -174,13 +174,18 @@ _REQUEST_FD, _STATUS_FD = 0, 3
 
 def _wait_as_init(code_pid):
     """The sandbox's pid 1 once the code's process exists: reaps whatever ends (orphans of the
-    code too) until that process ends, hands its wait status to the zygote, and exits."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)  # as init, ignored: no KeyboardInterrupt here
-    while True:
-        pid, status = os.waitpid(-1, 0)
-        if pid == code_pid:
-            os.write(_STATUS_FD, b"%d" % status)
-            os._exit(0)
+    code too) until that process has exited or been killed, hands its wait status to the zygote,
+    and exits, never returning. Every signal is blocked (no handler a --preload module set runs
+    here); a stop of a code's process that traced itself is not an end."""
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        while True:
+            pid, status = os.waitpid(-1, 0)
+            if pid == code_pid and (os.WIFEXITED(status) or os.WIFSIGNALED(status)):
+                os.write(_STATUS_FD, b"%d" % status)
+                break
+    finally:
+        os._exit(0)
 
 
 # A request as _read_request reads it, and code shaped like most requests' start.
@@ -209,11 +214,12 @@ def _warm_up():
         del os.environ["SQBOX_WARM_UP"]
 
 
-def _ready_sandbox(failed):
-    """A sandbox's pid 1, made ahead of its request: builds the sandbox, forks the process that
-    will run the code, and from then on only reaps. That process waits for the request, and only
-    then applies it and the server's seccomp filter and runs the code. A step that fails (or
-    `failed`, an error of the clone's child) is said on the request's stderr once it comes."""
+def _ready_sandbox(failed, for_request):
+    """A sandbox's pid 1: builds the sandbox, forks the process that will run the code, and from
+    then on only reaps. That process waits for the request, and only then applies it and the
+    server's seccomp filter and runs the code. A step that fails (or `failed`, an error of the
+    clone's child) ends a sandbox made ahead at once (the zygote makes the next request one of its
+    own), and is said on the request's stderr in one made `for_request`."""
     code_pid = None
     try:
         if failed:
@@ -239,6 +245,8 @@ def _ready_sandbox(failed):
         _check(_libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0), "dumpable")
         _warm_up()
     except BaseException as error:
+        if not for_request:
+            os._exit(125)
         failed = error
     request = socket.socket(fileno=_REQUEST_FD)
     _, fds, _, _ = socket.recv_fds(request, 16, 4)
@@ -258,7 +266,10 @@ def _ready_sandbox(failed):
             os.close(fd)
         _enter(env, asked_workdir)
         if cpu_seconds is not None:
-            resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
+            # As prestart.py sets it: SIGXCPU at N seconds from about now (the warm-up's CPU
+            # time counted in whole seconds), SIGKILL a second later.
+            used = time.process_time_ns() // 1_000_000_000
+            resource.setrlimit(resource.RLIMIT_CPU, (used + cpu_seconds, used + cpu_seconds + 1))
         _seccomp()
     except BaseException as error:
         _fail(error_fd, error)
@@ -278,7 +289,8 @@ def _exit_status_of(code):
         if exit.code is None:
             return 0
         if isinstance(exit.code, int):
-            return exit.code & 0xFF
+            # What exit(3) makes of it; one that no C long holds is an error: 255.
+            return exit.code & 0xFF if -(1 << 63) <= exit.code < 1 << 63 else 255
         print(exit.code, file=sys.stderr)
         return 1
 
@@ -295,22 +307,32 @@ def _flush(stream):
 
 def _end(status):
     """Ends the code's process with what an interpreter's exit does that anyone can see (it waits
-    for the code's threads, runs its atexit functions, flushes the files it left open and stdio),
+    for the code's threads, runs its atexit functions, flushes stdio, closes the files it left
+    open),
     but without tearing the interpreter down: in a copy-on-write child of the zygote, that
     teardown writes to (and so copies) most of the zygote's pages, about twice the cost of the
     code's whole run on a trivial snippet. What is skipped: destructors of objects still alive
     at exit, which nothing outside the sandbox, which ends now, could see but through files;
-    those are flushed here."""
+    those are closed here, as their destruction would close them."""
     if "threading" in sys.modules:
         sys.modules["threading"]._shutdown()
     atexit._run_exitfuncs()
-    if not (_flush(sys.stdout) and _flush(sys.stderr)) and status == 0:
+    # sys.stdout and sys.stderr as they are now, as Python flushes them (not sys.__stdout__:
+    # what a replaced stdout still holds is lost under python3 -c too).
+    stdio = [sys.stdout, sys.stderr]
+    if not all([_flush(stream) for stream in stdio]):
         status = 120  # as Python ends when it cannot flush stdio at exit
-    # Then the files the code left open, as their destruction would, later in a teardown. The
-    # code's objects only: the zygote's are frozen, out of gc.get_objects()' reach. Text files
-    # first, so that what they flush reaches their buffers before those are flushed.
-    files = [o for o in gc.get_objects() if isinstance(o, io.IOBase)]
+    # Then the files the code left open, as a teardown would close them later. The code's
+    # objects only: the zygote's are frozen, out of gc.get_objects()' reach. Text files first,
+    # so that what they flush reaches their buffers before those are closed.
+    files = [o for o in gc.get_objects() if isinstance(o, io.IOBase)
+             and not any(o is stream for stream in stdio)]
     for stream in sorted(files, key=lambda o: not isinstance(o, io.TextIOBase)):
+        try:
+            stream.close()
+        except Exception:  # as for an object destroyed at exit: ignored
+            pass
+    for stream in stdio:  # what those wrote to stdio on closing (a gzip stream's end)
         _flush(stream)
     os._exit(status)
 
@@ -318,15 +340,17 @@ def _end(status):
 class _Chosen(BaseException):
     """Raised in a sandbox's pid 1 to leave the zygote's loop (and its frames) behind."""
 
-    def __init__(self, request_end, status_write, failed):
+    def __init__(self, request_end, status_write, failed, for_request):
         super().__init__()
-        self.request_end, self.status_write, self.failed = request_end, status_write, failed
+        self.request_end, self.status_write = request_end, status_write
+        self.failed, self.for_request = failed, for_request
 
 
-def _make_sandbox():
-    """Clones a sandbox's pid 1 into new namespaces, to wait there for a request: returns
-    (its pid in the zygote's namespace, the socket its request goes to, the read end of its
-    status pipe). Raises OSError if the clone fails."""
+def _make_sandbox(for_request):
+    """Clones a sandbox's pid 1 into new namespaces, to wait there for a request (one that
+    waits already, `for_request`, or the next): returns (its pid in the zygote's namespace, the
+    socket its request goes to, the read end of its status pipe). Raises OSError if the clone
+    fails."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     status_read, status_write = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
     pids = _settings["pids"]
@@ -344,7 +368,12 @@ def _make_sandbox():
     pid = _libc.syscall(_SYS["clone"], _settings["namespaces"] | signal.SIGCHLD, 0, 0, 0, 0)
     if pid == 0:
         failed = None
+        ours.close()
+        os.close(status_read)
         try:
+            # A session of its own: kill(0, ...) from the code reaches its own process group,
+            # not the zygote's (nor the other sandboxes', which would be in it too).
+            os.setsid()
             if pids:
                 resource.setrlimit(resource.RLIMIT_NPROC, (pids, pids))
             _write("/proc/self/setgroups", "deny")
@@ -352,7 +381,7 @@ def _make_sandbox():
             _write("/proc/self/gid_map", "%d %d 1" % (gid, gid))
         except BaseException as error:
             failed = error
-        raise _Chosen(theirs.detach(), status_write, failed)
+        raise _Chosen(theirs.detach(), status_write, failed, for_request)
     error = ctypes.get_errno()
     if pids:
         resource.setrlimit(resource.RLIMIT_NPROC, before)
@@ -387,9 +416,16 @@ def _serve(channel, selector):
     by_key = {}  # key -> pid
     ready = None  # (pidfd, socket) of the sandbox made ahead
 
-    def make_ready():
-        pid, request, status_read = _make_sandbox()
-        pidfd = os.pidfd_open(pid)
+    def make_ready(for_request=False):
+        pid, request, status_read = _make_sandbox(for_request)
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            os.close(status_read)
+            request.close()
+            raise
         selector.register(pidfd, selectors.EVENT_READ)
         running[pidfd] = (None, pid, status_read)
         return pidfd, request
@@ -418,7 +454,7 @@ def _serve(channel, selector):
                 step = b"clone"
                 try:
                     if ready is None:
-                        ready = make_ready()
+                        ready = make_ready(for_request=True)
                     (pidfd, request), ready = ready, None
                     step = b"hand-over"
                     with request:
@@ -429,8 +465,11 @@ def _serve(channel, selector):
                 except OSError as error:
                     # A sandbox whose hand-over failed ends for want of a request, its pidfd
                     # says when.
-                    os.write(fds[3], b"sqbox: the zygote could not make this request's sandbox "
-                             b"(%s): %s\n" % (step, str(error).encode()))
+                    try:
+                        os.write(fds[3], b"sqbox: the zygote could not make this request's "
+                                 b"sandbox (%s): %s\n" % (step, str(error).encode()))
+                    except OSError:
+                        pass  # its reader is gone
                     channel.send(b"r%s %d 0 0" % (key, 125 << 8))
                 for fd in fds:
                     os.close(fd)
@@ -468,9 +507,12 @@ except _Chosen as chosen:
     # descriptors may have the same numbers.
     _selector.close()
     _channel.detach()
-    _chosen = chosen  # this is a sandbox's pid 1: what follows runs outside the handler
+    # This is a sandbox's pid 1: what follows runs outside the handler, and without the frames
+    # of the zygote's loop (its bookkeeping of other requests).
+    chosen.__traceback__ = None
+    _chosen = chosen
 if _chosen:
     os.dup2(_chosen.request_end, _REQUEST_FD)  # in place of the channel to the server
     os.dup2(_chosen.status_write, _STATUS_FD)
     os.closerange(_STATUS_FD + 1, 1 << 16)
-    _ready_sandbox(_chosen.failed)
+    _ready_sandbox(_chosen.failed, _chosen.for_request)
