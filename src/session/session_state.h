@@ -60,8 +60,11 @@ class Session {
 
     // Each exec's cap per output stream when neither the session nor the exec sets one.
     static constexpr uint64_t kDefaultExecOutputLimit = 1024ULL * 1024;
-    // How long interrupted code has to come back before its sandbox is killed.
-    static constexpr auto kInterruptGrace = std::chrono::seconds(2);
+    // How long interrupted code has to come back before its sandbox is killed. Its answer can
+    // carry the exec's whole output (tens of MiB, encoded by the driver after its last event):
+    // 2 s was too little for that on a loaded or slow VM (test_a_flooding_exec_grows_neither_side
+    // failed 1 run in 3 there).
+    static constexpr auto kInterruptGrace = std::chrono::seconds(5);
     // Longer timeouts would overflow the clock arithmetic; a week is plenty.
     static constexpr double kMaxTimeoutSeconds = 7 * 24 * 3600;
     // The tail of the driver's stderr kept to say why a session died.
