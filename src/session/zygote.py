@@ -308,8 +308,7 @@ def _flush(stream):
 def _end(status):
     """Ends the code's process with what an interpreter's exit does that anyone can see (it waits
     for the code's threads, runs its atexit functions, flushes stdio, closes the files it left
-    open),
-    but without tearing the interpreter down: in a copy-on-write child of the zygote, that
+    open), but without tearing the interpreter down: in a copy-on-write child of the zygote, that
     teardown writes to (and so copies) most of the zygote's pages, about twice the cost of the
     code's whole run on a trivial snippet. What is skipped: destructors of objects still alive
     at exit, which nothing outside the sandbox, which ends now, could see but through files;
