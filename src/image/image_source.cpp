@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "image/block_decoders.h"
 #include "image/squashfs_guards.h"
 #include "image/squashfuse_api.h"
 #include "util/errors.h"
@@ -46,6 +47,7 @@ SquashfsHandle load_squashfs(int fd, const std::string& path, off_t file_size) {
         std::free(ll.release());
         throw Error("image " + path + ": " + describe(err));
     }
+    use_fastest_block_decoder(&ll->fs);
     if (static_cast<uint64_t>(file_size) < ll->fs.sb.bytes_used) {
         throw Error("image " + path + ": truncated squashfs image (" + std::to_string(file_size) +
                     " of " + std::to_string(ll->fs.sb.bytes_used) + " bytes)");

@@ -224,7 +224,10 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
         std::vector<char>& buffer = read_buffer();
         if (buffer.size() < size) buffer.resize(size);
         sqfs_off_t length = static_cast<sqfs_off_t>(size);
-        if (checked_read_range(&ll->fs, &inode, offset, &length, buffer.data()) != SQFS_OK) {
+        // A reply shorter than the file's bytes asked for would be the end of the file to the
+        // kernel (it would shrink the file there): a block that fails to decode is EIO instead.
+        if (checked_read_range(&ll->fs, &inode, offset, &length, buffer.data()) != SQFS_OK ||
+            static_cast<uint64_t>(length) < wanted) {
             fuse_reply_err(req, EIO);
             return;
         }

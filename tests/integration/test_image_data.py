@@ -23,10 +23,13 @@ FILES = {
     "small.txt": 3000,
     "empty": 0,
 }
-# enroot's default layout (data stored, metadata compressed), compressed data with fragments,
-# and everything stored without fragments.
+# enroot's default layout (data stored, metadata compressed), mksquashfs's defaults (gzip),
+# zstd, compressed data with fragments, and everything stored without fragments.
 LAYOUTS = {
     "enroot-default": ["-comp", "lzo", "-noD"],
+    # mksquashfs's defaults, and zstd: blocks decoded by sqbox's decoders (image/block_decoders.h)
+    "gzip": [],
+    "zstd": ["-comp", "zstd"],
     "lz4": ["-comp", "lz4"],
     "xz": ["-comp", "xz"],
     "stored": ["-noI", "-noD", "-noF", "-noX", "-no-fragments"],

@@ -6,6 +6,7 @@ SECURITY.md names, and feed sqbox corrupted images: each run ends cleanly (exit 
 one line), never hangs, and leaves nothing behind.
 """
 import contextlib
+import hashlib
 import json
 import os
 import random
@@ -181,6 +182,16 @@ def squashfs_tables(data):
     return inode_table, directory_table, min(following)
 
 
+def busybox_tools(base, busybox_rootfs):
+    """base/tools holding a static busybox, to mount into sandboxes of images that have none."""
+    tools = base / "tools"
+    tools.mkdir()
+    shutil.copy(busybox_rootfs / "bin" / "busybox", tools / "busybox")
+    for path in (tools, tools / "busybox"):
+        path.chmod(0o755)
+    return tools
+
+
 @pytest.fixture(scope="module")
 def small_image_and_tools(tmp_path_factory, busybox_rootfs):
     """An uncompressed image of a small tree (files of several sizes, symlinks, /etc of the
@@ -201,12 +212,8 @@ def small_image_and_tools(tmp_path_factory, busybox_rootfs):
     subprocess.run(["mksquashfs", str(tree), str(image), "-noI", "-noD", "-noF", "-noX",
                     "-all-root", "-all-time", "0", "-mkfs-time", "0", "-noappend", "-quiet",
                     "-no-progress"], check=True, stdout=subprocess.DEVNULL, timeout=120)
-    tools = base / "tools"
-    tools.mkdir()
-    shutil.copy(busybox_rootfs / "bin" / "busybox", tools / "busybox")
-    for path in (image, tools, tools / "busybox"):
-        path.chmod(0o755)
-    return image, tools
+    image.chmod(0o755)
+    return image, busybox_tools(base, busybox_rootfs)
 
 
 # Reads every file and lists every directory and symlink of the image, ignoring what fails:
@@ -251,6 +258,70 @@ def test_corrupted_images_end_in_one_line_never_a_hang(box, small_image_and_tool
     # sqbox's checks around libsquashfuse (image/squashfs_guards.h) answer EIO instead.
     assert 125 in outcomes and 0 in outcomes, outcomes
     assert not any("the image server died" in line for line in outcomes[125]), outcomes
+    assert new_fuse_connections(connections_before) == []
+
+
+def test_corrupted_gzip_blocks_read_as_errors_never_as_other_bytes(box, busybox_rootfs,
+                                                                   tmp_path):
+    """An image made with mksquashfs's defaults (gzip, whose blocks sqbox decodes with libdeflate:
+    image/block_decoders.h) with bytes of its compressed data and fragment blocks flipped. A file
+    whose block is damaged fails to read (EIO), never as fewer bytes or others; every file read
+    gives its own bytes; the server lives on and the run ends with the payload's 0 (or with 125
+    and one line if sqbox's own read of the image's /etc failed)."""
+    tree = tmp_path / "tree"
+    shutil.copytree(busybox_rootfs / "etc", tree / "etc", symlinks=True)
+    rng = random.Random(11)
+    digests = {}
+    for i in range(24):
+        # Text that compresses (a block that would not is stored raw, with no checksum to fail),
+        # in files of several blocks, of one, and in fragments.
+        words = [f"{rng.randrange(1 << 20):x}" for _ in range(200)]
+        size = rng.choice([700, 5000, 90000, 400000])
+        data = " ".join(rng.choice(words) for _ in range(size // 4)).encode()[:size]
+        (tree / "data").mkdir(exist_ok=True)
+        (tree / "data" / f"f{i}").write_bytes(data)
+        digests[f"/data/f{i}"] = hashlib.sha256(data).hexdigest()
+    image = tmp_path / "gzip.sqsh"
+    subprocess.run(["mksquashfs", str(tree), str(image), "-all-root", "-noappend", "-quiet",
+                    "-no-progress"], check=True, stdout=subprocess.DEVNULL, timeout=120)
+    tmp_path.chmod(0o755)
+    tools = busybox_tools(tmp_path, busybox_rootfs)
+    data = image.read_bytes()
+    inode_table, _, _ = squashfs_tables(data)
+    walk = ("B=/tools/busybox; for f in " + " ".join(sorted(digests)) +
+            "; do $B sha256sum $f 2>/dev/null || echo \"failed $f\"; done; exit 0")
+    connections_before = fuse_connections()
+    failed = 0
+    for seed in range(12):
+        rng = random.Random(seed)
+        corrupted = bytearray(data)
+        # The data and fragment blocks lie between the 96-byte superblock and the inode table.
+        for _ in range(rng.randint(1, 4)):
+            corrupted[rng.randrange(96, inode_table)] ^= rng.randint(1, 255)
+        copy = tmp_path / f"corrupted-{seed}.sqsh"
+        copy.write_bytes(corrupted)
+        copy.chmod(0o644)
+        result = box.run(str(copy), "/tools/busybox", "sh", "-c", walk, box.marker,
+                         options=["--mount", f"{tools}:/tools:ro", *OWN_SERVER])
+        if result.returncode != 0:
+            # A damaged block of a file sqbox reads itself (the image's /etc/passwd) ends the run
+            # before the payload, in one line.
+            lines = result.stderr.splitlines()
+            assert result.returncode == 125 and len(lines) == 1, (seed, result.stderr)
+            assert "Input/output error" in lines[0], (seed, result.stderr)
+            copy.unlink()
+            continue
+        assert result.stderr == "", (seed, result.stderr)
+        for line in result.stdout.splitlines():
+            if line.startswith("failed "):
+                failed += 1
+                continue
+            digest, path = line.split()
+            assert digests[path] == digest, (seed, path)
+        assert len(result.stdout.splitlines()) == len(digests), (seed, result.stdout)
+        copy.unlink()
+    # The flips reached the decoder: some reads failed.
+    assert failed > 0
     assert new_fuse_connections(connections_before) == []
 
 
