@@ -5,13 +5,15 @@ Compares, interleaved in one run, a plain chroot into the extracted image
 (native), bubblewrap with all namespaces on the extracted directory, sqbox on the
 extracted directory, sqbox on the project's .sqsh image, sqbox on .sqsh images the bench
 makes from the same root filesystem the way users make them (mksquashfs's defaults, enroot's
-options, zstd; first run with the image out of the page cache and no shared image server yet, later runs, and later
+options, zstd, and with --imported-image one that `sqbox import` made from a registry; first run
+with the image out of the page cache and no shared image server yet, later runs, and later
 runs with an image server of their own: --image-server-idle 0), and enroot's `start` of a
 created container when enroot is installed; then reports the peak RSS of sqbox's own
 processes (launcher, supervisor, FUSE server, init, and the image's shared server).
 
 Usage: bench/cold_start.py [--image PATH] [--rounds N] [--as-user USER] [--json FILE]
-                           [--no-user-images] [--enroot PATH | --no-enroot]
+                           [--no-user-images] [--imported-image PATH]
+                           [--enroot PATH | --no-enroot]
 See bench/README.md for how to read the output.
 """
 
@@ -124,6 +126,19 @@ def user_images(image, build_dir):
     return paths
 
 
+# An image imported from a registry (--imported-image): sqbox import's defaults.
+IMPORTED_KIND = ("imported", None, "imported from a registry (sqbox import: zstd level 6)")
+
+
+def imported_copies(path, workdir):
+    """(the image, a copy of it for the first-run rows) in WORKDIR, readable by --as-user."""
+    pair = (os.path.join(workdir, "imported.sqsh"), os.path.join(workdir, "imported.first.sqsh"))
+    for copy in pair:
+        shutil.copyfile(path, copy)
+        os.chmod(copy, 0o644)
+    return pair
+
+
 def evict(path):
     """Drop PATH's pages from the page cache: a first run reads the image from disk."""
     fd = os.open(path, os.O_RDONLY)
@@ -224,7 +239,7 @@ def enroot_container(enroot, image, workdir, user, front_end=None):
 
 
 def commands(sqbox, image, rootfs, user, caches, compare=None, switch=None,
-             made=None, enroot=None, sqbox_enroot=None):
+             made=None, enroot=None, sqbox_enroot=None, kinds=USER_IMAGE_KINDS):
     """(name, argv, environment) for each row; every row goes through runuser when --as-user.
 
     Each sqbox row has its own SQBOX_CACHE_DIR, empty when measuring starts, where the .sqsh
@@ -246,7 +261,7 @@ def commands(sqbox, image, rootfs, user, caches, compare=None, switch=None,
         ("sqbox run ROOTFS (dir)", [sqbox, "run", rootfs, "--"] + PAYLOAD,
          {"SQBOX_CACHE_DIR": caches["dir"]}),
     ]
-    for kind, _, description in USER_IMAGE_KINDS if made else []:
+    for kind, _, description in kinds if made else []:
         warm, first = made[kind]
         # A first run starts the image's shared server (docs/run.md); it leaves 1 s after, so
         # none is left from one sample to the next.
@@ -494,6 +509,10 @@ def main():
     ap.add_argument("--no-user-images", action="store_true",
                     help="leave out the rows of images made with mksquashfs here (gzip, "
                          "enroot's lzo -noD, zstd; cached under the build directory)")
+    ap.add_argument("--imported-image", metavar="PATH",
+                    help="also the rows of an image imported from a registry by `sqbox import` "
+                         "(bench/import.py --keep-image PATH makes one from the same root "
+                         "filesystem)")
     ap.add_argument("--enroot", metavar="PATH",
                     help=f"NVIDIA enroot for the `enroot start` row (default: {ENROOT_DEFAULT} "
                          "when it exists, else an `enroot` on PATH that is not sqbox's)")
@@ -516,16 +535,21 @@ def main():
         die("--enroot and --no-enroot exclude each other")
     enroot, enroot_version = (None, None) if args.no_enroot else find_enroot(args.enroot)
     made = None if args.no_user_images else user_images(image, os.path.dirname(sqbox))
+    if args.imported_image and not made:
+        die("--imported-image needs the user images (leave out --no-user-images)")
+    kinds = USER_IMAGE_KINDS + ([IMPORTED_KIND] if args.imported_image else [])
 
     workdir = tempfile.mkdtemp(prefix="sqbox-bench-")
     try:
         rootfs = extract(image, workdir, args.as_user)
+        if args.imported_image:
+            made = dict(made, imported=imported_copies(args.imported_image, workdir))
         compare = os.path.abspath(args.compare) if args.compare else None
         switch = os.path.abspath(args.hardening_switch) if args.hardening_switch else None
         caches = {kind: os.path.join(workdir, f"cache-{kind}")
                   for kind in ["sqsh", "dir", "compare", "switch", "rss", "enroot"]
                   + [f"{when}-{kind}" for when in ("first", "later")
-                     for kind, _, _ in USER_IMAGE_KINDS]}
+                     for kind, _, _ in kinds]}
         enroot_row = None
         if enroot:
             # enroot's own kind of image, unpacked by its create as its users do.
@@ -537,9 +561,9 @@ def main():
             sqbox_enroot = enroot_container(sqbox, made["lzo-noD"][0], workdir, args.as_user,
                                             front_end=[sqbox, "enroot"])
         rows = commands(sqbox, image, rootfs, args.as_user, caches, compare, switch,
-                        made, enroot_row, sqbox_enroot)
+                        made, enroot_row, sqbox_enroot, kinds)
         preparations = {}
-        for kind, _, description in USER_IMAGE_KINDS if made else []:
+        for kind, _, description in kinds if made else []:
             preparations[f"{FIRST_ROW_PREFIX}{description}"] = \
                 first_run_preparation(made[kind][1], caches[f"first-{kind}"])
         samples = measure(rows, args.rounds, preparations)

@@ -11,6 +11,7 @@ found. Wall time and peak RSS (the largest process of the command's tree, from w
 A second image, the same layers plus one of random file data, shows whether memory stays flat.
 
 Usage: bench/import.py [--rounds N] [--sqbox PATH] [--enroot PATH] [--big-mb N] [--json FILE]
+                       [--keep-image PATH]
 See bench/README.md ("Image import") for how to read the output.
 """
 
@@ -362,6 +363,9 @@ def main():
     ap.add_argument("--big-mb", type=int, default=300,
                     help="MB of random file data in the big image's extra layer (default 300)")
     ap.add_argument("--json", metavar="FILE", help="also write every sample and figure")
+    ap.add_argument("--keep-image", metavar="PATH",
+                    help="also leave at PATH the image `sqbox import` makes (its defaults), for "
+                         "bench/cold_start.py --imported-image")
     args = ap.parse_args()
     if args.rounds < 1:
         die("--rounds must be at least 1")
@@ -417,6 +421,16 @@ def main():
             log(f"round {number}/{args.rounds}" + (" (warm-up)" if not number else ""))
         load_after = os.getloadavg()
         output_sizes = {t.name: t.size for t in groups}
+        if args.keep_image:
+            keep = os.path.abspath(args.keep_image)
+            run([sqbox, "import", "-o", keep + ".tmp", tools[0].uri],
+                env=clean_env(ENROOT_ALLOW_HTTP="y",
+                              ENROOT_CACHE_PATH=os.path.join(tools[0].workdir, "cache"),
+                              ENROOT_CONFIG_PATH=os.path.join(tools[0].workdir, "config")),
+                stdout=subprocess.DEVNULL)
+            os.chmod(keep + ".tmp", 0o644)
+            os.replace(keep + ".tmp", keep)
+            log(f"kept the imported image at {keep}")
     finally:
         if registry:
             registry.stop()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import POD_BIN, POD_IMAGES, make_squashfs
+from conftest import POD_BIN, POD_IMAGES, make_squashfs, test_inputs
 
 BUSYBOX = f"{POD_IMAGES}/busybox.sqsh"
 DOCTOR = "(sqbox doctor explains)"
@@ -456,3 +456,38 @@ def test_what_a_killed_unpacking_left_behind_is_removed_by_the_next_run(make_pod
     assert not leftover.exists()
     assert young.exists()
     assert len(cache_entries(pod)) == 2
+
+
+# ---- pre-started interpreters and the zygote in a pod ----
+
+@pytest.fixture(scope="module")
+def pod_python(pod_images):
+    """The project's Python image, where the pods see it."""
+    target = Path(pod_images) / "python.sqsh"
+    if not target.exists():
+        shutil.copyfile(test_inputs.image("python"), target)
+    return f"{POD_IMAGES}/python.sqsh"
+
+
+@pytest.mark.parametrize("way", [["--prestart", "1"], ["--zygote"]], ids=["prestart", "zygote"])
+@pytest.mark.parametrize("fuse", [False, True], ids=["no-fuse", "fuse"])
+def test_run_python_ahead_of_the_request_works_in_a_pod(make_pod, pod_python, way, fuse):
+    """`sqbox serve --prestart`/`--zygote` in a pod (with /dev/fuse, or from the copy unpacked
+    into the cache without it): each run_python gets a sandbox made ahead that no other request
+    ran in, and what one request leaves (a /tmp file, a module global) the next cannot find."""
+    pod = make_pod(seccomp="unconfined", proc="unmasked", fuse=fuse)
+    code = ("import os, sys; print(os.path.exists('/tmp/left'), 'left' in sys.modules);"
+            "open('/tmp/left', 'w').write('x'); sys.modules['left'] = sys; print(os.getuid())")
+    requests = "".join(json.dumps({"id": i, "op": "run_python", "code": code}) + "\n"
+                       for i in (1, 2, 3))
+    served = subprocess.run(pod._argv([POD_BIN, "serve", *way, pod_python]), input=requests,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            timeout=300)
+    assert served.returncode == 0, served.stderr
+    answers = {a["id"]: a for a in map(json.loads, served.stdout.splitlines()) if "id" in a}
+    assert sorted(answers) == [1, 2, 3], (served.stdout, served.stderr)
+    for answer in answers.values():
+        assert answer["exit_code"] == 0, answer
+        assert answer["stdout"] == "False False\n1000\n", answer
+    # Requests that come while a sandbox is ready are handed one made ahead.
+    assert any(answer["prestarted"] for answer in answers.values()), answers
