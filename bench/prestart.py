@@ -97,8 +97,10 @@ def latency(box, prefix, code, rounds):
             if round_index >= WARMUP:
                 samples[name][0].append(to_code)
                 samples[name][1].append(total)
-            # The pool refills between requests, as it would between a harness's steps.
-            time.sleep(0.05)
+            # The pool refills between requests, as it would between a harness's steps (the
+            # server refills once no run is under way), so that the refill lands in no row's
+            # sample.
+            time.sleep(0.25)
     return {name: {"to_code_ms": summarize(a), "round_trip_ms": summarize(b)}
             for name, (a, b) in samples.items()}
 

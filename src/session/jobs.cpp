@@ -133,13 +133,21 @@ void Jobs::start_waiting_runs() {
         if (it->second.wants_prestarted && !prestarted_.empty()) {
             hand_to_prestarted(it->second);
             jobs_.erase(it);
-            fill_prestarted();
+            if (prestarted_.empty()) {
+                fill_prestarted();
+            } else {
+                refill_when_idle_ = true;
+            }
             continue;
         }
         if (it->second.poolable && !pool_ready_.empty()) {
             hand_to_pooled(it->second);
             jobs_.erase(it);
-            fill_pool();
+            if (pool_ready_.empty()) {
+                fill_pool();
+            } else {
+                refill_when_idle_ = true;
+            }
             continue;
         }
         it->second.counted = true;
@@ -444,6 +452,10 @@ void Jobs::maybe_finish(uint64_t key) {
     if (job.counted) --running_runs_;
     jobs_.erase(it);
     start_waiting_runs();
+    if (refill_when_idle_ && !runs_under_way()) {
+        refill_when_idle_ = false;
+        fill_pool();
+    }
 }
 
 json Jobs::run_answer(Job& job) {

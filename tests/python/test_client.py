@@ -722,3 +722,61 @@ time.sleep(1)
         assert forged.value is None
         assert attacker.execute("6 * 7", timeout=20).value == "42"
         assert bystander.execute("kept + 1", timeout=20).value == "2"
+
+
+def sandbox_inits(server_pid):
+    """The server's sandboxes: processes below it that are pid 1 of a pid namespace of their own
+    (set up ahead in the pool, or running a request)."""
+    inits = []
+    for pid in host_processes.descendants(server_pid):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        nspid = next(line.split()[1:] for line in status.splitlines()
+                     if line.startswith("NSpid:"))
+        if len(nspid) >= 2 and nspid[-1] == "1":
+            inits.append(pid)
+    return inits
+
+
+def wait_for_inits(server_pid, count, seconds=30.0):
+    deadline = time.monotonic() + seconds
+    while len(sandbox_inits(server_pid)) != count:
+        assert time.monotonic() < deadline, (count, sandbox_inits(server_pid))
+        time.sleep(0.05)
+
+
+def test_a_pool_refills_once_no_run_is_under_way(sqbox_bin, python_image):
+    """A request that leaves a ready sandbox in the pool has the pool refilled after it ends, not
+    while it runs (its CPU would come out of the request's time); one that empties the pool has
+    it refilled at once, so requests under load still find sandboxes set up."""
+    with sqbox.Sandbox(python_image, binary=sqbox_bin, pool=2) as box:
+        wait_for_inits(box.pid, 2)
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            first = pool.submit(box.run, ["sleep", "2"])
+            time.sleep(1)
+            # The running request's sandbox and the one left ready: no refill yet.
+            assert len(sandbox_inits(box.pid)) == 2
+            assert first.result().exit_code == 0
+        wait_for_inits(box.pid, 2)  # refilled once it ended
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            runs = [pool.submit(box.run, ["sleep", "3"]) for _ in range(2)]
+            # Both taken, the pool empty: refilled at once, beside the two runs.
+            wait_for_inits(box.pid, 4, seconds=2.5)
+            assert all(run.result().exit_code == 0 for run in runs)
+        wait_for_inits(box.pid, 2)
+
+
+def test_pre_started_interpreters_refill_once_no_run_is_under_way(sqbox_bin, python_image):
+    """The same for --prestart's interpreters: run_python that leaves one waiting has its own
+    replaced after it ends."""
+    with sqbox.Sandbox(python_image, binary=sqbox_bin, prestart=2) as box:
+        wait_for_inits(box.pid, 2)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            run = pool.submit(box.run_python, "import time; time.sleep(2)")
+            time.sleep(1)
+            assert len(sandbox_inits(box.pid)) == 2
+            result = run.result()
+            assert result.exit_code == 0 and result.prestarted
+        wait_for_inits(box.pid, 2)
