@@ -13,7 +13,7 @@
 # status on a pipe to the zygote (a pid 1 cannot die of a signal to say it: and the code is not
 # pid 1, which would ignore signals it sends itself and leave orphans unreaped) and exits, which
 # ends everything else in the namespace. Each request takes the sandbox made ahead, and the next
-# is made while it runs.
+# is made once no request runs (or at once beside other requests).
 #
 # Descriptor 0 is a SOCK_SEQPACKET socket to the server; each message is a tag byte and text
 # (util/fd_passing.h). The server sends "gKEY" with four descriptors (the request in a memfd,
@@ -409,11 +409,16 @@ def _ended_status(status_read, wait_status):
 
 def _serve(channel, selector):
     """Answers the server: one sandbox is kept made ahead (`ready`), waiting for its request;
-    each request takes it, and the next is made while the request runs."""
+    each request takes it. The next is made once no request runs, so that making it takes no CPU
+    from the request (on two vCPUs it did), or at once beside other requests, which would
+    otherwise find none; a request that finds none gets one made for it."""
     selector.register(channel, selectors.EVENT_READ)
     running = {}  # pidfd -> (key or None while it waits for a request, pid, status read end)
     by_key = {}  # key -> pid
     ready = None  # (pidfd, socket) of the sandbox made ahead
+
+    def requests_running():
+        return sum(1 for key, _, _ in running.values() if key is not None)
 
     def make_ready(for_request=False):
         pid, request, status_read = _make_sandbox(for_request)
@@ -472,7 +477,7 @@ def _serve(channel, selector):
                     channel.send(b"r%s %d 0 0" % (key, 125 << 8))
                 for fd in fds:
                     os.close(fd)
-                if ready is None:
+                if ready is None and requests_running() > 1:
                     try:
                         ready = make_ready()
                     except OSError:
@@ -494,6 +499,11 @@ def _serve(channel, selector):
                 del by_key[key]
                 cpu_ns = int((usage.ru_utime + usage.ru_stime) * 1e9)
                 channel.send(b"r%s %d %d %d" % (key, status, cpu_ns, usage.ru_maxrss))
+                if ready is None and requests_running() == 0:
+                    try:
+                        ready = make_ready()
+                    except OSError:
+                        pass  # made when the next request comes
 
 
 _chosen = None

@@ -780,3 +780,25 @@ def test_pre_started_interpreters_refill_once_no_run_is_under_way(sqbox_bin, pyt
             result = run.result()
             assert result.exit_code == 0 and result.prestarted
         wait_for_inits(box.pid, 2)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="--zygote is refused as root (tests/python/"
+                    "test_prestart.py says why); run as an unprivileged user")
+def test_the_zygote_makes_the_next_sandbox_once_no_request_runs(sqbox_bin, python_image):
+    """The zygote keeps one sandbox made ahead. A request alone has the next made after it ends;
+    requests beside each other have it made at once. Counted: the zygote's own sandbox's init,
+    and each sandbox's pid 1."""
+    with sqbox.Sandbox(python_image, binary=sqbox_bin, zygote=True) as box:
+        wait_for_inits(box.pid, 2)  # the zygote's sandbox, one made ahead
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            run = pool.submit(box.run_python, "import time; time.sleep(2)")
+            time.sleep(1)
+            assert len(sandbox_inits(box.pid)) == 2  # the request's: none made beside it
+            result = run.result()
+            assert result.exit_code == 0 and result.prestarted
+        wait_for_inits(box.pid, 2)
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            runs = [pool.submit(box.run_python, "import time; time.sleep(3)") for _ in range(2)]
+            wait_for_inits(box.pid, 4, seconds=2.5)  # two requests and one made ahead
+            assert all(r.result().exit_code == 0 for r in runs)
+        wait_for_inits(box.pid, 2)
