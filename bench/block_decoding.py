@@ -2,10 +2,10 @@
 """Block decoding: zlib against libdeflate on the blocks of a gzip squashfs image.
 
 mksquashfs's default compressor writes each 128 KiB block as a zlib stream (level 9). This
-compresses a file's blocks that way and decodes every block with zlib (what libsquashfuse calls)
-and with libdeflate (what sqbox's image server calls: src/image/block_decoders.h), best of
---repeats, in one run. Both libraries are the system's (Python's zlib module; libdeflate through
-ctypes).
+compresses a file's blocks that way and decodes every block with zlib's uncompress() (what
+libsquashfuse calls) and with libdeflate (what sqbox's image server calls:
+src/image/block_decoders.h), each into one reused block buffer as the image server decodes, best
+of --repeats, in one run. Both libraries are the system's, called through ctypes.
 
 Usage: bench/block_decoding.py [FILE ...] [--repeats N] [--json OUT]
 Default FILE: the Python binary of the project's Python image, unpacked (images/build python).
@@ -29,11 +29,22 @@ def die(msg):
     sys.exit(f"block_decoding: {msg}")
 
 
+def library(name, package):
+    path = ctypes.util.find_library(name)
+    if path is None:
+        die(f"lib{name} not found (Debian: {package})")
+    return ctypes.CDLL(path)
+
+
+def libz():
+    lib = library("z", "zlib1g")
+    lib.uncompress.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_ulong), ctypes.c_char_p,
+                               ctypes.c_ulong]
+    return lib
+
+
 def libdeflate():
-    name = ctypes.util.find_library("deflate")
-    if name is None:
-        die("libdeflate not found (Debian: libdeflate0)")
-    lib = ctypes.CDLL(name)
+    lib = library("deflate", "libdeflate0")
     lib.libdeflate_alloc_decompressor.restype = ctypes.c_void_p
     lib.libdeflate_zlib_decompress.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t,
                                                ctypes.c_void_p, ctypes.c_size_t,
@@ -69,6 +80,7 @@ def main():
     parser.add_argument("--json")
     args = parser.parse_args()
     lib = libdeflate()
+    z = libz()
     with tempfile.TemporaryDirectory() as workdir:
         files = args.files or default_files(workdir)
         blocks = []
@@ -81,12 +93,19 @@ def main():
     out = ctypes.create_string_buffer(BLOCK)
     size = ctypes.c_size_t()
 
+    out_size = ctypes.c_ulong()
+
     def with_libdeflate(block):
         if lib.libdeflate_zlib_decompress(decompressor, block, len(block), out, BLOCK,
                                           ctypes.byref(size)) != 0:
             die("libdeflate refused a block zlib wrote")
 
-    with_zlib = best_of(args.repeats, zlib.decompress, blocks)
+    def with_zlib(block):
+        out_size.value = BLOCK
+        if z.uncompress(out, ctypes.byref(out_size), block, len(block)) != 0:
+            die("zlib refused a block it wrote")
+
+    with_zlib = best_of(args.repeats, with_zlib, blocks)
     with_deflate = best_of(args.repeats, with_libdeflate, blocks)
     result = {"blocks": len(blocks), "decoded_mb": decoded / 1e6,
               "zlib_ms": with_zlib * 1e3, "libdeflate_ms": with_deflate * 1e3,

@@ -190,8 +190,8 @@ class Jobs {
     std::deque<uint64_t> pool_ready_;
     // A request took a sandbox from a pool (or a pre-started interpreter) that still holds
     // another: the refill waits until no run is under way. On two vCPUs, setting a sandbox up
-    // while the request runs took its CPU from the request (Sandbox.run of `python3 -c pass`:
-    // 1.36x native with the refill beside it, 1.20x without). A pool left empty refills at once.
+    // while the request runs took its CPU from the request (bench/README.md, "The pool's refill
+    // beside a run"). A pool left empty refills at once.
     bool refill_when_idle_ = false;
     bool pool_enabled_ = true;
     unsigned pool_failures_ = 0;
