@@ -23,10 +23,10 @@ struct DecompressorDeleter {
 }  // namespace
 
 sqfs_err decode_zlib_block(void* in, size_t in_size, void* out, size_t* out_size) {
-    // A decompressor holds state while it decodes, so each thread that decodes (the FUSE
-    // server's serving thread and its read-ahead thread) has its own, made at its first block.
-    thread_local const std::unique_ptr<libdeflate_decompressor, DecompressorDeleter> decompressor(
-        libdeflate_alloc_decompressor());
+    // A decompressor holds state while it decodes, so each thread that decodes has its own, made
+    // at its first block (and again after an allocation that failed).
+    thread_local std::unique_ptr<libdeflate_decompressor, DecompressorDeleter> decompressor;
+    if (!decompressor) decompressor.reset(libdeflate_alloc_decompressor());
     if (!decompressor) return SQFS_ERR;
     size_t decoded = 0;
     if (libdeflate_zlib_decompress(decompressor.get(), in, in_size, out, *out_size, &decoded) !=
@@ -38,7 +38,8 @@ sqfs_err decode_zlib_block(void* in, size_t in_size, void* out, size_t* out_size
 }
 
 sqfs_err decode_zstd_block(void* in, size_t in_size, void* out, size_t* out_size) {
-    thread_local const std::unique_ptr<ZSTD_DCtx, DecompressorDeleter> context(ZSTD_createDCtx());
+    thread_local std::unique_ptr<ZSTD_DCtx, DecompressorDeleter> context;
+    if (!context) context.reset(ZSTD_createDCtx());
     if (!context) return SQFS_ERR;
     const size_t decoded = ZSTD_decompressDCtx(context.get(), out, *out_size, in, in_size);
     if (ZSTD_isError(decoded) != 0) return SQFS_ERR;

@@ -133,26 +133,21 @@ void Jobs::start_waiting_runs() {
         if (it->second.wants_prestarted && !prestarted_.empty()) {
             hand_to_prestarted(it->second);
             jobs_.erase(it);
-            if (prestarted_.empty()) {
-                fill_prestarted();
-            } else {
-                refill_when_idle_ = true;
-            }
+            if (prestarted_.empty()) fill_prestarted(1);
+            refill_when_idle_ = true;
             continue;
         }
         if (it->second.poolable && !pool_ready_.empty()) {
             hand_to_pooled(it->second);
             jobs_.erase(it);
-            if (pool_ready_.empty()) {
-                fill_pool();
-            } else {
-                refill_when_idle_ = true;
-            }
+            if (pool_ready_.empty()) fill_pool_to(1);
+            refill_when_idle_ = true;
             continue;
         }
         it->second.counted = true;
         launch(it->second);
     }
+    refill_if_idle();
 }
 
 void Jobs::abandon_runs_of(int client) {
@@ -174,7 +169,13 @@ bool Jobs::runs_under_way() const {
 // ---- the pool: sandboxes set up ahead with the server's defaults ----
 
 void Jobs::fill_pool() {
-    while (pool_enabled_ && pool_ready_.size() < options_.pool) {
+    fill_pool_to(options_.pool);
+    fill_prestarted();
+    fill_zygote();
+}
+
+void Jobs::fill_pool_to(size_t target) {
+    while (pool_enabled_ && pool_ready_.size() < std::min<size_t>(target, options_.pool)) {
         RequestSettings settings;
         settings.config = options_.base;
         settings.config.command = {"pooled"};  // replaced by the request's
@@ -183,8 +184,12 @@ void Jobs::fill_pool() {
         pool_ready_.push_back(job.key);
         launch(job);
     }
-    fill_prestarted();
-    fill_zygote();
+}
+
+void Jobs::refill_if_idle() {
+    if (!refill_when_idle_ || runs_under_way()) return;
+    refill_when_idle_ = false;
+    fill_pool();
 }
 
 // Moves a run request onto a ready pooled sandbox and starts it there.
@@ -451,11 +456,7 @@ void Jobs::maybe_finish(uint64_t key) {
     if (!job.abandoned) events_.run_finished(job.client, run_answer(job));
     if (job.counted) --running_runs_;
     jobs_.erase(it);
-    start_waiting_runs();
-    if (refill_when_idle_ && !runs_under_way()) {
-        refill_when_idle_ = false;
-        fill_pool();
-    }
+    start_waiting_runs();  // and the refill a take left for later, if no run is under way
 }
 
 json Jobs::run_answer(Job& job) {

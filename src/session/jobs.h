@@ -128,6 +128,8 @@ class Jobs {
     void launch(uint64_t key);
     // Sets up sandboxes (and pre-started interpreters) ahead until the pools are full (or off).
     void fill_pool();
+    // The same for the pool alone, up to `target` ready (at most --pool).
+    void fill_pool_to(size_t target);
 
     bool contains(uint64_t key) const { return jobs_.count(key) != 0; }
     // Signals a running sandbox; no-op for one not started or already ended.
@@ -159,7 +161,9 @@ class Jobs {
     Job& new_job(int client, RequestSettings settings);
     void start_waiting_runs();
     void hand_to_pooled(Job& request);
-    void fill_prestarted();
+    void fill_prestarted(size_t target = SIZE_MAX);
+    // The refill a take left for later (refill_when_idle_), once no run is under way.
+    void refill_if_idle();
     void hand_to_prestarted(Job& request);
     void prestarted_ended(Job& job);
     void fill_zygote();
@@ -188,10 +192,11 @@ class Jobs {
     std::map<uint64_t, Job> jobs_;
     std::deque<uint64_t> waiting_runs_;
     std::deque<uint64_t> pool_ready_;
-    // A request took a sandbox from a pool (or a pre-started interpreter) that still holds
-    // another: the refill waits until no run is under way. On two vCPUs, setting a sandbox up
-    // while the request runs took its CPU from the request (bench/README.md, "The pool's refill
-    // beside a run"). A pool left empty refills at once.
+    // A request took a sandbox from a pool (or a pre-started interpreter): the pool fills up
+    // again once no run is under way. On two vCPUs, setting a sandbox up while a request runs
+    // took its CPU from the request (bench/README.md, "The pool's refill beside a run"). A take
+    // that leaves the pool empty replaces only what it took at once, so that runs under load
+    // still find one, one per take.
     bool refill_when_idle_ = false;
     bool pool_enabled_ = true;
     unsigned pool_failures_ = 0;

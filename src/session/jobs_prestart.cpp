@@ -15,8 +15,8 @@ constexpr uint64_t kWarmUpLogBytes = uint64_t{64} * 1024;
 
 }  // namespace
 
-void Jobs::fill_prestarted() {
-    while (prestart_enabled_ && prestarted_.size() < options_.prestart) {
+void Jobs::fill_prestarted(size_t target) {
+    while (prestart_enabled_ && prestarted_.size() < std::min<size_t>(target, options_.prestart)) {
         RequestSettings settings;
         settings.config = options_.base;
         settings.config.command = prestart_command(options_.preload);

@@ -477,7 +477,9 @@ def _serve(channel, selector):
                     channel.send(b"r%s %d 0 0" % (key, 125 << 8))
                 for fd in fds:
                     os.close(fd)
-                if ready is None and requests_running() > 1:
+                # Beside other requests, or after a hand-over that failed (no request runs),
+                # the next is made now; after a hand-over to a request alone, once it ends.
+                if ready is None and requests_running() != 1:
                     try:
                         ready = make_ready()
                     except OSError:

@@ -747,23 +747,49 @@ def wait_for_inits(server_pid, count, seconds=30.0):
         time.sleep(0.05)
 
 
+def wait_for_process_named(server_pid, name, count=1, seconds=30.0):
+    """Until `count` processes below the server have `name` as their comm: a request's code runs."""
+    def named():
+        found = 0
+        for pid in host_processes.descendants(server_pid):
+            try:
+                found += Path(f"/proc/{pid}/comm").read_text().strip() == name
+            except OSError:
+                pass  # gone meanwhile
+        return found
+    deadline = time.monotonic() + seconds
+    while named() < count:
+        assert time.monotonic() < deadline, f"no {count} {name} below the server"
+        time.sleep(0.05)
+
+
+# Code that names its process (PR_SET_NAME), so that the test sees it run, then sleeps.
+RUNNING = "sqbox-test-run"
+NAMED_SLEEP = ("import ctypes, time; ctypes.CDLL(None).prctl(15, b'%s', 0, 0, 0); time.sleep(%d)")
+
+
 def test_a_pool_refills_once_no_run_is_under_way(sqbox_bin, python_image):
-    """A request that leaves a ready sandbox in the pool has the pool refilled after it ends, not
-    while it runs (its CPU would come out of the request's time); one that empties the pool has
-    it refilled at once, so requests under load still find sandboxes set up."""
+    """A request takes a sandbox from the pool; the pool fills up again once no run is under way,
+    not while the request runs (its CPU would come out of the request's time). A take that
+    empties the pool replaces what it took at once, so requests under load still find one."""
     with sqbox.Sandbox(python_image, binary=sqbox_bin, pool=2) as box:
         wait_for_inits(box.pid, 2)
         with ThreadPoolExecutor(max_workers=2) as pool:
-            first = pool.submit(box.run, ["sleep", "2"])
+            first = pool.submit(box.run, ["python3", "-c", NAMED_SLEEP % (RUNNING, 4)])
+            wait_for_process_named(box.pid, RUNNING)
             time.sleep(1)
             # The running request's sandbox and the one left ready: no refill yet.
             assert len(sandbox_inits(box.pid)) == 2
             assert first.result().exit_code == 0
         wait_for_inits(box.pid, 2)  # refilled once it ended
         with ThreadPoolExecutor(max_workers=2) as pool:
-            runs = [pool.submit(box.run, ["sleep", "3"]) for _ in range(2)]
-            # Both taken, the pool empty: refilled at once, beside the two runs.
-            wait_for_inits(box.pid, 4, seconds=2.5)
+            runs = [pool.submit(box.run, ["python3", "-c", NAMED_SLEEP % (RUNNING, 12)])
+                    for _ in range(2)]
+            wait_for_process_named(box.pid, RUNNING, count=2)
+            # Both taken, the pool empty: the second take's replaced at once, beside the runs.
+            wait_for_inits(box.pid, 3, seconds=8)
+            time.sleep(1)
+            assert len(sandbox_inits(box.pid)) == 3  # and only that one
             assert all(run.result().exit_code == 0 for run in runs)
         wait_for_inits(box.pid, 2)
 
@@ -774,7 +800,8 @@ def test_pre_started_interpreters_refill_once_no_run_is_under_way(sqbox_bin, pyt
     with sqbox.Sandbox(python_image, binary=sqbox_bin, prestart=2) as box:
         wait_for_inits(box.pid, 2)
         with ThreadPoolExecutor(max_workers=1) as pool:
-            run = pool.submit(box.run_python, "import time; time.sleep(2)")
+            run = pool.submit(box.run_python, NAMED_SLEEP % (RUNNING, 4))
+            wait_for_process_named(box.pid, RUNNING)
             time.sleep(1)
             assert len(sandbox_inits(box.pid)) == 2
             result = run.result()
@@ -791,14 +818,16 @@ def test_the_zygote_makes_the_next_sandbox_once_no_request_runs(sqbox_bin, pytho
     with sqbox.Sandbox(python_image, binary=sqbox_bin, zygote=True) as box:
         wait_for_inits(box.pid, 2)  # the zygote's sandbox, one made ahead
         with ThreadPoolExecutor(max_workers=2) as pool:
-            run = pool.submit(box.run_python, "import time; time.sleep(2)")
+            run = pool.submit(box.run_python, NAMED_SLEEP % (RUNNING, 4))
+            wait_for_process_named(box.pid, RUNNING)
             time.sleep(1)
             assert len(sandbox_inits(box.pid)) == 2  # the request's: none made beside it
             result = run.result()
             assert result.exit_code == 0 and result.prestarted
         wait_for_inits(box.pid, 2)
         with ThreadPoolExecutor(max_workers=2) as pool:
-            runs = [pool.submit(box.run_python, "import time; time.sleep(3)") for _ in range(2)]
-            wait_for_inits(box.pid, 4, seconds=2.5)  # two requests and one made ahead
+            runs = [pool.submit(box.run_python, NAMED_SLEEP % (RUNNING, 12)) for _ in range(2)]
+            wait_for_process_named(box.pid, RUNNING, count=2)
+            wait_for_inits(box.pid, 4, seconds=8)  # two requests and one made ahead
             assert all(r.result().exit_code == 0 for r in runs)
         wait_for_inits(box.pid, 2)
