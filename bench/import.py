@@ -280,14 +280,17 @@ class Sqbox(Tool):
         self.sqbox, self.uri = sqbox, f"docker://{registry.address}#{REPOSITORY}:{tag}"
         self.options = list(options)
 
+    def environment(self):
+        return clean_env(ENROOT_CACHE_PATH=os.path.join(self.workdir, "cache"),
+                         ENROOT_ALLOW_HTTP="y",
+                         ENROOT_CONFIG_PATH=os.path.join(self.workdir, "config"))
+
     def sample(self, cached):
-        cache = os.path.join(self.workdir, "cache")
         if not cached:
             self.fresh("cache")
         out = self.fresh("out.sqsh")
-        env = clean_env(ENROOT_CACHE_PATH=cache, ENROOT_ALLOW_HTTP="y",
-                        ENROOT_CONFIG_PATH=os.path.join(self.workdir, "config"))
-        result = measure([self.sqbox, "import", *self.options, "-o", out, self.uri], env, self.log)
+        result = measure([self.sqbox, "import", *self.options, "-o", out, self.uri],
+                         self.environment(), self.log)
         self.size = os.path.getsize(out)
         os.remove(out)
         return result
@@ -424,10 +427,7 @@ def main():
         if args.keep_image:
             keep = os.path.abspath(args.keep_image)
             run([sqbox, "import", "-o", keep + ".tmp", tools[0].uri],
-                env=clean_env(ENROOT_ALLOW_HTTP="y",
-                              ENROOT_CACHE_PATH=os.path.join(tools[0].workdir, "cache"),
-                              ENROOT_CONFIG_PATH=os.path.join(tools[0].workdir, "config")),
-                stdout=subprocess.DEVNULL)
+                env=tools[0].environment(), stdout=subprocess.DEVNULL)
             os.chmod(keep + ".tmp", 0o644)
             os.replace(keep + ".tmp", keep)
             log(f"kept the imported image at {keep}")

@@ -134,14 +134,12 @@ void Jobs::start_waiting_runs() {
             hand_to_prestarted(it->second);
             jobs_.erase(it);
             if (prestarted_.empty()) fill_prestarted(1);
-            refill_when_idle_ = true;
             continue;
         }
         if (it->second.poolable && !pool_ready_.empty()) {
             hand_to_pooled(it->second);
             jobs_.erase(it);
             if (pool_ready_.empty()) fill_pool_to(1);
-            refill_when_idle_ = true;
             continue;
         }
         it->second.counted = true;
@@ -187,9 +185,7 @@ void Jobs::fill_pool_to(size_t target) {
 }
 
 void Jobs::refill_if_idle() {
-    if (!refill_when_idle_ || runs_under_way()) return;
-    refill_when_idle_ = false;
-    fill_pool();
+    if (!runs_under_way()) fill_pool();
 }
 
 // Moves a run request onto a ready pooled sandbox and starts it there.
@@ -456,7 +452,7 @@ void Jobs::maybe_finish(uint64_t key) {
     if (!job.abandoned) events_.run_finished(job.client, run_answer(job));
     if (job.counted) --running_runs_;
     jobs_.erase(it);
-    start_waiting_runs();  // and the refill a take left for later, if no run is under way
+    start_waiting_runs();  // and the pools' refill, if no run is under way
 }
 
 json Jobs::run_answer(Job& job) {

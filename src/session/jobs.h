@@ -162,7 +162,10 @@ class Jobs {
     void start_waiting_runs();
     void hand_to_pooled(Job& request);
     void fill_prestarted(size_t target = SIZE_MAX);
-    // The refill a take left for later (refill_when_idle_), once no run is under way.
+    // A take from a pool (or of a pre-started interpreter) is replaced here, once no run is under
+    // way, not while it runs: on two vCPUs, setting a sandbox up beside a request took its CPU
+    // from the request (bench/README.md, "The pool's refill beside a run"). A take that leaves
+    // the pool empty replaces only what it took at once, so that runs under load still find one.
     void refill_if_idle();
     void hand_to_prestarted(Job& request);
     void prestarted_ended(Job& job);
@@ -192,12 +195,6 @@ class Jobs {
     std::map<uint64_t, Job> jobs_;
     std::deque<uint64_t> waiting_runs_;
     std::deque<uint64_t> pool_ready_;
-    // A request took a sandbox from a pool (or a pre-started interpreter): the pool fills up
-    // again once no run is under way. On two vCPUs, setting a sandbox up while a request runs
-    // took its CPU from the request (bench/README.md, "The pool's refill beside a run"). A take
-    // that leaves the pool empty replaces only what it took at once, so that runs under load
-    // still find one, one per take.
-    bool refill_when_idle_ = false;
     bool pool_enabled_ = true;
     unsigned pool_failures_ = 0;
     std::deque<uint64_t> prestarted_;  // pre-started interpreters not yet handed a request
