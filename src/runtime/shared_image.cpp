@@ -426,11 +426,17 @@ void serve_launchers(int listener, ChildProcess& server, const std::string& iden
             }
             return;
         }
-        // A sandbox's launcher has ended (it never writes after its request).
+        // A sandbox's launcher has ended, or its supervisor says that the image server holds
+        // its killed sandbox: the image server's death, once it is killed, reaches every
+        // sandbox above. Nothing else is ever written after the request.
         for (size_t i = sandboxes.size(); i-- > 0;) {
-            if (waiting[i + 2].revents != 0) {
-                sandboxes.erase(sandboxes.begin() + static_cast<long>(i));
+            if (waiting[i + 2].revents == 0) continue;
+            const std::optional<FdMessage> word = receive_message_without_fds(sandboxes[i].get());
+            if (word && word->tag == MessageTag::kStalled) {
+                server.send(SIGKILL);
+                continue;
             }
+            sandboxes.erase(sandboxes.begin() + static_cast<long>(i));
         }
         if (sandboxes.empty()) idle_until = Clock::now() + idle;
         if (waiting[1].revents != 0) {
@@ -657,6 +663,14 @@ std::optional<int> shared_server_death_at_end(int connection) {
         statfs_within([](struct statfs* fs) { return ::statfs(kImageDir, fs); });
     const bool lost = answer && !answer->answered && is_lost_image_server(answer->error);
     return shared_server_death(connection, lost ? kLostServerWaitMs : 0);
+}
+
+bool image_mount_stalled() {
+    return !statfs_within([](struct statfs* fs) { return ::statfs(kImageDir, fs); });
+}
+
+void report_stalled_shared_server(int connection) {
+    send_fd_message(connection, MessageTag::kStalled, {}, {}, "word of the stalled image server");
 }
 
 void attach_shared_image(UniqueFd mount) {

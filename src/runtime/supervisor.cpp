@@ -59,6 +59,23 @@ int wait_for_lost_server(ChildProcess& server) {
     return SIGKILL;  // a wait status: killed by SIGKILL
 }
 
+// A process whose request the image server has taken waits for the answer whatever signal it
+// gets, and so does one looking up the same name meanwhile: a stalled server (a parser spinning
+// on a hostile image) would hold a killed sandbox for good. Ending the server fails every request
+// it holds. A server that still answers is left alone: the sandbox is only slow to end.
+void end_image_server_if_stalled(ChildProcess& server, int shared_server) {
+    if (!image_mount_stalled()) return;
+    if (server.running()) {
+        server.send(SIGKILL);  // its death is seen below, as a crash's would be
+    } else if (shared_server >= 0) {
+        try {
+            report_stalled_shared_server(shared_server);
+        } catch (const Error&) {
+            // The server has gone already; its mount's waits have failed with it.
+        }
+    }
+}
+
 }  // namespace
 
 std::string describe_image_server_death(int wait_status) {
@@ -190,14 +207,16 @@ SandboxEnd watch_sandbox(ChildProcess& init, ChildProcess& server, Clock::time_p
     end.shared_server = shared_server;
     while (init.running()) {
         std::optional<long> wait_ms;
-        if (deadline && !end.timed_out) {
+        if (deadline) {
             wait_ms =
                 std::chrono::ceil<std::chrono::milliseconds>(*deadline - Clock::now()).count();
         }
         std::optional<siginfo_t> info = wait_for_signal(wait_ms, shared_server >= 0 ? SIGIO : 0);
         if (!info) {
+            if (end.timed_out) end_image_server_if_stalled(server, shared_server);
             end.timed_out = true;
             init.send(SIGKILL);  // the kernel then kills every process of the pid namespace
+            deadline = Clock::now() + kKilledSandboxGrace;
             continue;
         }
         if (is_forwarded_signal(info->si_signo)) {

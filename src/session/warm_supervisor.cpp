@@ -176,8 +176,7 @@ class WarmSupervisor {
     int next_timeout_ms() const {
         std::optional<Clock::time_point> nearest;
         for (const auto& [key, sandbox] : sandboxes_) {
-            if (sandbox.deadline && !sandbox.timed_out &&
-                (!nearest || *sandbox.deadline < *nearest)) {
+            if (sandbox.deadline && (!nearest || *sandbox.deadline < *nearest)) {
                 nearest = sandbox.deadline;
             }
         }
@@ -186,13 +185,22 @@ class WarmSupervisor {
         return static_cast<int>(std::max<long long>(0, ms));
     }
 
+    // A sandbox past its deadline is killed; one still there a grace later may be held by the
+    // image server (a process whose request it has taken waits for the answer whatever signal it
+    // gets). A server that answers no statfs then has stalled (a parser spinning on a hostile
+    // image): it is ended and replaced, and the request it held fails with EIO.
     void enforce_deadlines() {
         const auto now = Clock::now();
+        bool killed_and_still_there = false;
         for (auto& [key, sandbox] : sandboxes_) {
-            if (sandbox.deadline && !sandbox.timed_out && now >= *sandbox.deadline) {
-                sandbox.timed_out = true;
-                sandbox.init.send(SIGKILL);  // the whole pid namespace goes with it
-            }
+            if (!sandbox.deadline || now < *sandbox.deadline) continue;
+            killed_and_still_there = killed_and_still_there || sandbox.timed_out;
+            sandbox.timed_out = true;
+            sandbox.init.send(SIGKILL);  // the whole pid namespace goes with it
+            sandbox.deadline = now + kKilledSandboxGrace;
+        }
+        if (killed_and_still_there && fuse_server_.running() && image_mount_stalled()) {
+            fuse_server_.send(SIGKILL);  // reap() replaces it
         }
     }
 

@@ -30,6 +30,8 @@ enum class MessageTag : char {
     kReport = 'r',    // serve supervisor -> server: a sandbox has ended
     kImageMount = 'm',  // launcher <-> shared image server: its image's identity; the mount
     kChallenge = 'n',   // shared image server -> launcher: what to prove its key with
+    kStalled = 'h',     // supervisor -> shared image server: its image server holds a killed
+                        // sandbox (it answers nothing): end it
 };
 
 struct FdMessage {

@@ -473,6 +473,50 @@ def test_under_serve_files_of_the_image_open_without_asking_its_server(sqbox_bin
     pytest.fail(f"the kernel took back from its caches during each of three tries: {attempts}")
 
 
+def test_under_serve_a_sandbox_killed_behind_another_on_a_stalled_server_still_ends(
+        sqbox_bin, python_image):
+    """Under sqbox serve, as under sqbox run (test_shared_image_server.py): a run whose look-up
+    waits behind another run's of the same name cannot die while the image server is stalled.
+    A second after its timeout's kill the supervisor finds the mount answering no statfs, ends
+    the server and starts another, which answers the other run's look-up: that run ends as
+    usual, and the killed one with its timeout."""
+    server = subprocess.Popen([sqbox_bin, "serve", python_image], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    name = f"/never-looked-up-{os.getpid()}-{time.monotonic_ns()}"
+    code = ("import os, time; print('ready', flush=True); time.sleep({}); "
+            f"print(os.path.exists({name!r}))")
+    image_server = None
+    try:
+        for run_id, pause, timeout in ((1, 1, 6 + 3 * GRACE), (2, 2, 4)):
+            server.stdin.write(json.dumps({"op": "run", "id": run_id, "stream": True,
+                                           "code": code.format(pause), "timeout": timeout}) + "\n")
+        server.stdin.flush()
+        answers, ready = {}, set()
+        while ready != {1, 2}:
+            event = json.loads(server.stdout.readline())
+            assert event.get("data") == "ready\n", event
+            ready.add(event["id"])
+        image_server = find_image_server(server.pid)
+        os.kill(image_server, signal.SIGSTOP)
+        while len(answers) < 2:
+            if not select.select([server.stdout], [], [], 4 + GRACE)[0]:
+                pytest.fail(f"no answer {4 + GRACE} s after the runs' look-ups: {answers}")
+            line = json.loads(server.stdout.readline())
+            if "event" not in line:
+                answers[line["id"]] = line
+        assert (answers[2]["exit_code"], answers[2]["timed_out"]) == (124, True), answers[2]
+        assert (answers[1]["exit_code"], answers[1]["stdout"]) == (0, "ready\nFalse\n"), (
+            answers[1])
+    finally:
+        if image_server is not None and Path(f"/proc/{image_server}").exists():
+            os.kill(image_server, signal.SIGCONT)
+        server.stdin.close()
+        server.wait(timeout=SANDBOX_TIMEOUT + GRACE)
+    assert server.returncode == 0
+    assert [line.startswith("sqbox: the image server died") and "started another" in line
+            for line in server.stderr.read().splitlines()] == [True]
+
+
 def serve_until_closed(sqbox_bin, image):
     """sqbox serve of `image`, its stdin closed at once: (status, stderr lines)."""
     server = subprocess.run([sqbox_bin, "serve", str(image)], stdin=subprocess.DEVNULL,

@@ -679,6 +679,59 @@ def test_a_stalled_shared_server_holds_no_sandbox_past_its_end_or_timeout(box, c
             wait_for(lambda: not Path(f"/proc/{parser}").exists(), 10)
 
 
+def test_a_sandbox_killed_behind_another_on_a_stalled_server_still_ends_at_its_timeout(
+        box, cache, tmp_path):
+    """A process whose look-up waits behind another's of the same name (the kernel makes one
+    look-up of it at a time) cannot die until that one ends, whatever signal it gets; with the
+    server stalled, that is never. So a sandbox still there a second after its --timeout's kill
+    has its supervisor ask the mount: one that answers no statfs has stalled, and the supervisor
+    has the server end its parser. The sandbox then ends with 124, and the other, whose timeout
+    is far off, with the usual line on the parser's death. Without that, the second would wait
+    as long as the first, which with a stalled parser is until the first's timeout, if any."""
+    env = environment(cache, idle=30)
+    name = f"/never-looked-up-{os.getpid()}-{time.monotonic_ns()}"
+    # `[` and `read` are the shell's builtins: the test of the name is the first look-up either
+    # makes after the stall.
+    script = f"echo ready; read x; [ -e {name} ]; echo done"
+    # The first's own timeout, which would free the second too, comes long after the second's.
+    first = subprocess.Popen(
+        box.argv(box.busybox_image, ["sh", "-c", script, box.marker],
+                 options=["--timeout", str(6 + 3 * GRACE)]),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env)
+    second = subprocess.Popen(
+        box.argv(box.busybox_image, ["sh", "-c", script, box.marker], options=["--timeout", "6"]),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env)
+    parser = None
+    try:
+        for sandbox in (first, second):
+            assert sandbox.stdout.readline() == "ready\n"
+        [(server, [parser])] = shared_servers(box)
+        os.kill(parser, signal.SIGSTOP)
+        first.stdin.write("go\n")
+        first.stdin.flush()
+        time.sleep(1)  # its look-up of the name waits for the stopped parser
+        stdout, stderr = second.communicate("go\n", timeout=6 + GRACE)
+        assert (second.returncode, stdout) == (124, ""), stderr
+        assert stderr.splitlines() == ["sqbox: timed out after 6 s; sandbox killed"]
+        stdout, stderr = first.communicate(timeout=GRACE)
+        # Its look-up failed when the parser went; its supervisor may end it before the echo.
+        assert first.returncode == 125 and stdout in ("", "done\n"), stderr
+        assert [line.startswith("sqbox: the image server died") for line in
+                stderr.splitlines()] == [True], stderr
+        assert wait_for(lambda: not Path(f"/proc/{parser}").exists(), 10)
+    finally:
+        for sandbox in (first, second):
+            if sandbox.poll() is None:
+                sandbox.kill()
+                sandbox.wait()
+        if parser is not None and Path(f"/proc/{parser}").exists():
+            os.kill(parser, signal.SIGCONT)
+            os.kill(server, signal.SIGTERM)
+            wait_for(lambda: not Path(f"/proc/{parser}").exists(), 10)
+
+
 def test_a_stalled_shared_server_makes_the_next_sandbox_serve_its_image_itself(
         box, cache, tmp_path):
     """A later sandbox of an image whose server has stalled does not wait on it past its
