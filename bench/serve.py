@@ -69,7 +69,8 @@ def main():
     parser.add_argument("--sqbox", default=os.path.join(REPO, "build", "sqbox"))
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--execs", type=int, default=500)
-    parser.add_argument("--throughput", type=int, default=200)
+    parser.add_argument("--throughput", type=int, default=200,
+                        help="runs for the throughput figure (0: none)")
     parser.add_argument("--pool", type=int, default=2)
     parser.add_argument("--as-user", help="run the whole benchmark as this user (needs root)")
     parser.add_argument("--json")
@@ -133,9 +134,10 @@ def main():
 
     figures = {name: summarize(values) for name, values in samples.items()}
     figures["exec_round_trip_ms"] = summarize(execs)
-    figures["throughput"] = {"runs": args.throughput, "workers": workers,
-                             "serve_per_second": args.throughput / serve_seconds,
-                             "native_per_second": args.throughput / native_seconds}
+    if args.throughput > 0:
+        figures["throughput"] = {"runs": args.throughput, "workers": workers,
+                                 "serve_per_second": args.throughput / serve_seconds,
+                                 "native_per_second": args.throughput / native_seconds}
     native_median = figures["native"]["median"]
     print(f"image {image}, as {pwd.getpwuid(os.geteuid()).pw_name}, {args.rounds} rounds, "
           f"serve --pool {args.pool}")
@@ -148,10 +150,11 @@ def main():
     e = figures["exec_round_trip_ms"]
     print(f"Session.execute('x = 1') round trip: median {e['median']:.3f} ms "
           f"(p10 {e['p10']:.3f}, p90 {e['p90']:.3f}), {args.execs} calls")
-    t = figures["throughput"]
-    print(f"throughput, {args.throughput} runs of python3 -c pass with {workers} workers: "
-          f"serve {t['serve_per_second']:.1f}/s, native {t['native_per_second']:.1f}/s "
-          f"({t['serve_per_second'] / t['native_per_second']:.2f} x native)")
+    if "throughput" in figures:
+        t = figures["throughput"]
+        print(f"throughput, {args.throughput} runs of python3 -c pass with {workers} workers: "
+              f"serve {t['serve_per_second']:.1f}/s, native {t['native_per_second']:.1f}/s "
+              f"({t['serve_per_second'] / t['native_per_second']:.2f} x native)")
     if args.json:
         with open(args.json, "w") as out:
             json.dump(figures, out, indent=2)

@@ -665,10 +665,6 @@ std::optional<int> shared_server_death_at_end(int connection) {
     return shared_server_death(connection, lost ? kLostServerWaitMs : 0);
 }
 
-bool image_mount_stalled() {
-    return !statfs_within([](struct statfs* fs) { return ::statfs(kImageDir, fs); });
-}
-
 void report_stalled_shared_server(int connection) {
     send_fd_message(connection, MessageTag::kStalled, {}, {}, "word of the stalled image server");
 }

@@ -49,11 +49,6 @@ std::optional<int> shared_server_death(int connection, int wait_ms);
 // image's mount has lost its server.
 std::optional<int> shared_server_death_at_end(int connection);
 
-// The supervisor: whether the image's mount at /image leaves a statfs unanswered for half a
-// second. Its server has stalled then (a parser spinning on a hostile image): a live server
-// answers as soon as it is free, one that has died says so at once.
-bool image_mount_stalled();
-
 // The supervisor of a killed sandbox that a stalled shared server holds: asks the server to end
 // its image server. That fails every request the image server held, so the sandbox ends, and so
 // does every other sandbox of the image then running, each with the usual line on the server's

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "image/squashfs_server.h"
+#include "runtime/image_mount_probe.h"
 #include "runtime/image_server_confinement.h"
 #include "runtime/init.h"
 #include "runtime/look_ahead.h"
@@ -59,21 +60,21 @@ int wait_for_lost_server(ChildProcess& server) {
     return SIGKILL;  // a wait status: killed by SIGKILL
 }
 
-// A process whose request the image server has taken waits for the answer whatever signal it
-// gets, and so does one looking up the same name meanwhile: a stalled server (a parser spinning
-// on a hostile image) would hold a killed sandbox for good. Ending the server fails every request
-// it holds. A server that still answers is left alone: the sandbox is only slow to end.
-void end_image_server_if_stalled(ChildProcess& server, int shared_server) {
-    if (!image_mount_stalled()) return;
-    if (server.running()) {
-        server.send(SIGKILL);  // its death is seen below, as a crash's would be
-    } else if (shared_server >= 0) {
-        try {
-            report_stalled_shared_server(shared_server);
-        } catch (const Error&) {
-            // The server has gone already; its mount's waits have failed with it.
+// A sandbox killed at its deadline that has not ended a grace later: a stalled image server may
+// hold it (runtime/image_mount_probe.h). Ending the server fails every request it holds; the
+// shared server ends its parser when told.
+void end_image_server_if_it_holds(ChildProcess& server, int shared_server) {
+    (void)end_image_server_if_stalled([&] {
+        if (server.running()) {
+            server.send(SIGKILL);  // its death is seen below, as a crash's would be
+        } else if (shared_server >= 0) {
+            try {
+                report_stalled_shared_server(shared_server);
+            } catch (const Error&) {
+                // The server has gone already; its mount's waits have failed with it.
+            }
         }
-    }
+    });
 }
 
 }  // namespace
@@ -213,7 +214,7 @@ SandboxEnd watch_sandbox(ChildProcess& init, ChildProcess& server, Clock::time_p
         }
         std::optional<siginfo_t> info = wait_for_signal(wait_ms, shared_server >= 0 ? SIGIO : 0);
         if (!info) {
-            if (end.timed_out) end_image_server_if_stalled(server, shared_server);
+            if (end.timed_out) end_image_server_if_it_holds(server, shared_server);
             end.timed_out = true;
             init.send(SIGKILL);  // the kernel then kills every process of the pid namespace
             deadline = Clock::now() + kKilledSandboxGrace;

@@ -31,7 +31,7 @@ from test_image_server import SERVER_DATA_LIMIT, mount_points, status_fields
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "support"))
 
 from host_mounts import fuse_connections, new_fuse_connections  # noqa: E402
-from host_processes import children  # noqa: E402
+from host_processes import children, wait_for_a_fuse_request  # noqa: E402
 
 UNPRIVILEGED_USER = "sqbox-test"
 
@@ -684,8 +684,8 @@ def test_a_sandbox_killed_behind_another_on_a_stalled_server_still_ends_at_its_t
     """A process whose look-up waits behind another's of the same name (the kernel makes one
     look-up of it at a time) cannot die until that one ends, whatever signal it gets; with the
     server stalled, that is never. So a sandbox still there a second after its --timeout's kill
-    has its supervisor ask the mount: one that answers no statfs has stalled, and the supervisor
-    has the server end its parser. The sandbox then ends with 124, and the other, whose timeout
+    has its supervisor probe the mount: one that answers no statfs for 5 s has stalled, and the
+    supervisor has the server end its parser. The sandbox then ends with 124, and the other, whose timeout
     is far off, with the usual line on the parser's death. Without that, the second would wait
     as long as the first, which with a stalled parser is until the first's timeout, if any."""
     env = environment(cache, idle=30)
@@ -711,7 +711,7 @@ def test_a_sandbox_killed_behind_another_on_a_stalled_server_still_ends_at_its_t
         os.kill(parser, signal.SIGSTOP)
         first.stdin.write("go\n")
         first.stdin.flush()
-        time.sleep(1)  # its look-up of the name waits for the stopped parser
+        wait_for_a_fuse_request(first.pid, timeout=GRACE)  # its look-up of the name
         stdout, stderr = second.communicate("go\n", timeout=6 + GRACE)
         assert (second.returncode, stdout) == (124, ""), stderr
         assert stderr.splitlines() == ["sqbox: timed out after 6 s; sandbox killed"]

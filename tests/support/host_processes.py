@@ -113,6 +113,21 @@ def wait_for_descendants(pid, command, count=1, timeout=30.0):
         time.sleep(0.02)
 
 
+def wait_for_a_fuse_request(pid, timeout=30.0):
+    """Waits until one of pid's descendants waits for a FUSE request's answer (its wchan, which
+    the user of a process may read); fails if none does within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for process in descendants(pid):
+            try:
+                if Path(f"/proc/{process}/wchan").read_text() == "request_wait_answer":
+                    return process
+            except OSError:  # gone meanwhile
+                pass
+        assert time.monotonic() < deadline, f"nothing below {pid} waits on FUSE after {timeout} s"
+        time.sleep(0.02)
+
+
 # The waits for processes to end: each returns what is left after up to `seconds` (nothing
 # as soon as nothing is), for the caller to assert on.
 
