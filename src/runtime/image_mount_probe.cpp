@@ -29,7 +29,9 @@ bool ImageMountProbe::start() {
     child_ = ChildProcess(pid);
     exit_ = open_pidfd(pid);
     if (!exit_) {
-        child_.send(SIGKILL);  // reaped when child_ goes: its request is pending, killable
+        // No way to wait for it: gone at once (a stalled server never takes its request, a live
+        // one answers it).
+        child_.kill_and_reap();
         return false;
     }
     return true;

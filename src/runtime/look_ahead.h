@@ -33,8 +33,9 @@ std::vector<std::string> first_lookups(const SandboxConfig& config,
 // Starts a thread that looks up `paths` (absolute, in the image) on the image mounted at
 // `mount_point`, following the interpreters they name, and reads the first chunk of the files.
 // The thread is detached: it holds nothing that needs cleaning up, and the process may exit under
-// it. Call only once no more processes will be forked. Without a thread to be had, nothing is
-// looked up ahead.
+// it. Call only once no more processes will be made but by glibc's fork (a raw clone would copy
+// its locks held, such as malloc's, into the child), and whose children call only system calls.
+// Without a thread to be had, nothing is looked up ahead.
 void start_look_ahead(std::string mount_point, std::vector<std::string> paths);
 
 }  // namespace sqbox

@@ -187,8 +187,8 @@ void run_supervisor(SupervisorContext context) {
         } else {
             server = mount_image_and_serve(image, ids, server_closes(context, init_channels));
         }
-        // 5. The names every start needs, looked up ahead (on a thread of its own: no fork
-        //    follows).
+        // 5. The names every start needs, looked up ahead (on a thread of its own: no raw clone
+        //    follows, only the stall probe's fork, runtime/image_mount_probe.h).
         start_look_ahead_of(image, config);
         // 6. Init may take its copy of the mount namespace now. A container's --rw start: with
         //    the sandbox's tmpfs in it, which this process keeps to save from at the end.

@@ -64,6 +64,7 @@ int wait_for_lost_server(ChildProcess& server) {
 // hold it (runtime/image_mount_probe.h). Ending the server fails every request it holds; the
 // shared server ends its parser when told.
 void end_image_server_if_it_holds(ChildProcess& server, int shared_server) {
+    if (!server.running() && shared_server < 0) return;  // a directory's sandbox: no server
     (void)end_image_server_if_stalled([&] {
         if (server.running()) {
             server.send(SIGKILL);  // its death is seen below, as a crash's would be

@@ -210,15 +210,18 @@ class WarmSupervisor {
         }
     }
 
-    // A probe unanswered for its whole verdict time: the server has stalled. It is ended and
-    // replaced (reap()), and the request it held fails with EIO; so does the probe's, if it
-    // held that one, and the probe is reaped once it has.
+    // A probe unanswered for its whole verdict time while a killed sandbox is still there: the
+    // server has stalled. It is ended and replaced (reap()), and the request it held fails with
+    // EIO; so does the probe's, if it held that one, and the probe is reaped once it has.
     void judge_probe() {
         if (!probe_.running() || probe_.answered() || probe_judged_) return;
         if (Clock::now() < probe_verdict_at_) return;
         probe_judged_ = true;
         probe_.stop();
-        if (fuse_server_.running()) fuse_server_.send(SIGKILL);
+        const bool killed_sandbox_left =
+            std::any_of(sandboxes_.begin(), sandboxes_.end(),
+                        [](const auto& entry) { return entry.second.timed_out; });
+        if (killed_sandbox_left && fuse_server_.running()) fuse_server_.send(SIGKILL);
     }
 
     void reap() {

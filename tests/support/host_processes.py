@@ -113,6 +113,12 @@ def wait_for_descendants(pid, command, count=1, timeout=30.0):
         time.sleep(0.02)
 
 
+# Where a process waits for a FUSE request's answer, as its wchan names it (the first is the
+# kernel's function; the others are its callers, should a build inline it).
+FUSE_WAITS = ("request_wait_answer", "__fuse_request_send", "__fuse_simple_request",
+              "fuse_simple_request")
+
+
 def wait_for_a_fuse_request(pid, timeout=30.0):
     """Waits until one of pid's descendants waits for a FUSE request's answer (its wchan, which
     the user of a process may read); fails if none does within `timeout` seconds."""
@@ -120,7 +126,7 @@ def wait_for_a_fuse_request(pid, timeout=30.0):
     while True:
         for process in descendants(pid):
             try:
-                if Path(f"/proc/{process}/wchan").read_text() == "request_wait_answer":
+                if Path(f"/proc/{process}/wchan").read_text() in FUSE_WAITS:
                     return process
             except OSError:  # gone meanwhile
                 pass
