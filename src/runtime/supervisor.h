@@ -94,12 +94,12 @@ void start_look_ahead_of(const ImageSource& image, const SandboxConfig& config);
 // One byte to init: the image is mounted.
 void tell_init_image_ready(UniqueFd& image_ready);
 
-// How the sandbox ended, as the supervisor saw it.
 // How long a sandbox killed at its timeout may take to end before its supervisor asks whether the
 // image server holds it (and again each time after, while it has not ended): a process whose
 // request the server has taken cannot die until it is answered.
 constexpr std::chrono::milliseconds kKilledSandboxGrace{1000};
 
+// How the sandbox ended, as the supervisor saw it.
 struct SandboxEnd {
     bool timed_out = false;
     bool server_died = false;
