@@ -27,7 +27,7 @@ import test_image_config as image_config  # for its inotify watch of a host file
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "support"))
 
 from host_mounts import fuse_connections, new_fuse_connections  # noqa: E402
-from host_processes import children, cmdline, wait_for_a_fuse_request  # noqa: E402
+from host_processes import children  # noqa: E402
 
 # RLIMIT_DATA of the server (runtime/image_server_confinement.h).
 SERVER_DATA_LIMIT = 1 << 30
@@ -471,63 +471,6 @@ def test_under_serve_files_of_the_image_open_without_asking_its_server(sqbox_bin
         assert reclaimed, ("the second run waited for the stopped image server, and the kernel "
                            f"had dropped nothing from its caches: {answer}")
     pytest.fail(f"the kernel took back from its caches during each of three tries: {attempts}")
-
-
-def test_under_serve_a_sandbox_killed_behind_another_on_a_stalled_server_still_ends(
-        sqbox_bin, python_image):
-    """Under sqbox serve, as under sqbox run (test_shared_image_server.py): a run whose look-up
-    waits behind another run's of the same name cannot die while the image server is stalled.
-    A second after its timeout's kill the supervisor probes the mount; one that answers no
-    statfs for 5 s has stalled, and the supervisor ends the server and starts another, which
-    answers the other run's look-up: that run ends as usual, and the killed one with its
-    timeout."""
-    # No pool: no sandbox is being set up beside the two runs when the server stops.
-    server = subprocess.Popen([sqbox_bin, "serve", "--pool", "0", python_image],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-    name = f"/never-looked-up-{os.getpid()}-{time.monotonic_ns()}"
-    code = ("import os, time; print('ready', flush=True); time.sleep({}); "
-            f"print(os.path.exists({name!r}))")
-    # The first looks the name up 3 s after its start (the test sees it wait on FUSE), the second
-    # 6 s after its own, 8 s before its timeout.
-    runs = ((1, 3, 6 + 3 * GRACE), (2, 6, 14))
-    image_server = None
-    try:
-        for run_id, pause, timeout in runs:
-            server.stdin.write(json.dumps({"op": "run", "id": run_id, "stream": True,
-                                           "code": code.format(pause), "timeout": timeout}) + "\n")
-        server.stdin.flush()
-        answers, ready = {}, set()
-        while ready != {1, 2}:
-            event = json.loads(server.stdout.readline())
-            assert event.get("data") == "ready\n", event
-            ready.add(event["id"])
-        image_server = find_image_server(server.pid)
-        os.kill(image_server, signal.SIGSTOP)
-        waiting = wait_for_a_fuse_request(server.pid, timeout=GRACE)
-        assert "python3" in cmdline(waiting)
-        while len(answers) < 2:
-            if not select.select([server.stdout], [], [], 14 + GRACE)[0]:
-                pytest.fail(f"no answer {14 + GRACE} s after the first run's look-up: {answers}")
-            line = json.loads(server.stdout.readline())
-            if "event" not in line:
-                answers[line["id"]] = line
-        assert (answers[2]["exit_code"], answers[2]["timed_out"]) == (124, True), answers[2]
-        assert (answers[1]["exit_code"], answers[1]["stdout"]) == (0, "ready\nFalse\n"), (
-            answers[1])
-    finally:
-        if image_server is not None and Path(f"/proc/{image_server}").exists():
-            os.kill(image_server, signal.SIGCONT)
-        server.stdin.close()
-        try:
-            server.wait(timeout=SANDBOX_TIMEOUT + GRACE)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-            raise
-    assert server.returncode == 0
-    assert [line.startswith("sqbox: the image server died") and "started another" in line
-            for line in server.stderr.read().splitlines()] == [True]
 
 
 def serve_until_closed(sqbox_bin, image):
