@@ -68,6 +68,8 @@ constexpr const char* kServerEnding = "ending after its idle time";
 constexpr int kMountProbeWaitMs = 500;
 // Descriptors the server keeps besides its sandboxes' connections.
 constexpr rlim_t kReservedDescriptors = 16;
+// The wait status of a process killed by SIGKILL: the image server's, once it is killed as stalled.
+constexpr int kKilledWaitStatus = SIGKILL;
 
 // A small file of /proc the server depends on; throws Error if it cannot be read.
 std::string proc_text(const std::string& path) {
@@ -383,6 +385,19 @@ bool answer_request(int connection, const std::string& identity, const ServerKey
     return true;
 }
 
+// The word of the image server's death to every sandbox of it: each supervisor ends its sandbox
+// with the line a server of its own would give.
+void tell_of_death(const std::vector<UniqueFd>& sandboxes, int wait_status) {
+    const std::string status = std::to_string(wait_status);
+    for (const UniqueFd& sandbox : sandboxes) {
+        try {
+            send_fd_message(sandbox.get(), MessageTag::kFailed, status, {}, "the news");
+        } catch (const Error&) {
+            // That sandbox has ended already.
+        }
+    }
+}
+
 // Serves launchers until no sandbox has held the image for `idle`, or the image server is gone.
 void serve_launchers(int listener, ChildProcess& server, const std::string& identity,
                      const ServerKey& key, std::chrono::seconds idle) {
@@ -396,6 +411,7 @@ void serve_launchers(int listener, ChildProcess& server, const std::string& iden
                                      ? files.rlim_cur - kReservedDescriptors
                                      : kReservedDescriptors;
     std::vector<UniqueFd> sandboxes;
+    bool told_of_death = false;
     Clock::time_point idle_until = Clock::now() + idle;
     for (;;) {
         std::vector<pollfd> waiting;
@@ -416,23 +432,21 @@ void serve_launchers(int listener, ChildProcess& server, const std::string& iden
         if (waiting[0].revents != 0) {
             // The image server died (a corrupt image, say): its sandboxes' supervisors end them
             // with the same line a server of their own would give.
-            const std::string status = std::to_string(server.wait());
-            for (const UniqueFd& sandbox : sandboxes) {
-                try {
-                    send_fd_message(sandbox.get(), MessageTag::kFailed, status, {}, "the news");
-                } catch (const Error&) {
-                    // That sandbox has ended already.
-                }
-            }
+            const int status = server.wait();
+            if (!told_of_death) tell_of_death(sandboxes, status);
             return;
         }
         // A sandbox's launcher has ended, or its supervisor says that the image server holds
-        // its killed sandbox: the image server's death, once it is killed, reaches every
-        // sandbox above. Nothing else is ever written after the request.
+        // its killed sandbox. Nothing else is ever written after the request.
         for (size_t i = sandboxes.size(); i-- > 0;) {
             if (waiting[i + 2].revents == 0) continue;
             const std::optional<FdMessage> word = receive_message_without_fds(sandboxes[i].get());
             if (word && word->tag == MessageTag::kStalled) {
+                // The word goes out before the kill: a payload whose request then fails may
+                // end at once, and its supervisor must find the word already there, not take
+                // the run for a clean one.
+                if (!told_of_death) tell_of_death(sandboxes, kKilledWaitStatus);
+                told_of_death = true;
                 server.send(SIGKILL);
                 continue;
             }
