@@ -21,6 +21,7 @@
 #include <optional>
 
 #include "runtime/fuse_flushes.h"
+#include "runtime/image_mount_probe.h"
 #include "runtime/init.h"
 #include "runtime/rootfs.h"
 #include "runtime/signals.h"
@@ -151,8 +152,10 @@ class WarmSupervisor {
         UniqueFd signal_fd(::signalfd(-1, &signals, SFD_CLOEXEC | SFD_NONBLOCK));
         if (!signal_fd) throw system_error("signalfd");
         for (;;) {
-            pollfd fds[2] = {{context_.control_fd, POLLIN, 0}, {signal_fd.get(), POLLIN, 0}};
-            if (::poll(fds, 2, next_timeout_ms()) < 0 && errno != EINTR) {
+            pollfd fds[3] = {{context_.control_fd, POLLIN, 0},
+                             {signal_fd.get(), POLLIN, 0},
+                             {probe_.running() ? probe_.exit_fd() : -1, POLLIN, 0}};
+            if (::poll(fds, 3, next_timeout_ms()) < 0 && errno != EINTR) {
                 throw system_error("poll");
             }
             if (fds[1].revents != 0) {
@@ -164,6 +167,7 @@ class WarmSupervisor {
             }
             reap();
             enforce_deadlines();
+            judge_probe();
             if (fds[0].revents != 0) {
                 std::optional<FdMessage> message = receive_fd_message(context_.control_fd);
                 if (!message) ::_exit(0);  // the server is gone: every init dies with us
@@ -176,24 +180,48 @@ class WarmSupervisor {
     int next_timeout_ms() const {
         std::optional<Clock::time_point> nearest;
         for (const auto& [key, sandbox] : sandboxes_) {
-            if (sandbox.deadline && !sandbox.timed_out &&
-                (!nearest || *sandbox.deadline < *nearest)) {
+            if (sandbox.deadline && (!nearest || *sandbox.deadline < *nearest)) {
                 nearest = sandbox.deadline;
             }
+        }
+        if (probe_.running() && !probe_judged_ && (!nearest || probe_verdict_at_ < *nearest)) {
+            nearest = probe_verdict_at_;
         }
         if (!nearest) return -1;
         auto ms = std::chrono::ceil<std::chrono::milliseconds>(*nearest - Clock::now()).count();
         return static_cast<int>(std::max<long long>(0, ms));
     }
 
+    // A sandbox past its deadline is killed; one still there a grace later may be held by a
+    // stalled image server (runtime/image_mount_probe.h), which a probe then looks for.
     void enforce_deadlines() {
         const auto now = Clock::now();
+        bool killed_and_still_there = false;
         for (auto& [key, sandbox] : sandboxes_) {
-            if (sandbox.deadline && !sandbox.timed_out && now >= *sandbox.deadline) {
-                sandbox.timed_out = true;
-                sandbox.init.send(SIGKILL);  // the whole pid namespace goes with it
-            }
+            if (!sandbox.deadline || now < *sandbox.deadline) continue;
+            killed_and_still_there = killed_and_still_there || sandbox.timed_out;
+            sandbox.timed_out = true;
+            sandbox.init.send(SIGKILL);  // the whole pid namespace goes with it
+            sandbox.deadline = now + kKilledSandboxGrace;
         }
+        if (killed_and_still_there && !probe_.running() && probe_.start()) {
+            probe_judged_ = false;
+            probe_verdict_at_ = now + kStalledServerVerdict;
+        }
+    }
+
+    // A probe unanswered for its whole verdict time while a killed sandbox is still there: the
+    // server has stalled. It is ended and replaced (reap()), and the request it held fails with
+    // EIO; so does the probe's, if it held that one, and the probe is reaped once it has.
+    void judge_probe() {
+        if (!probe_.running() || probe_.answered() || probe_judged_) return;
+        if (Clock::now() < probe_verdict_at_) return;
+        probe_judged_ = true;
+        probe_.stop();
+        const bool killed_sandbox_left =
+            std::any_of(sandboxes_.begin(), sandboxes_.end(),
+                        [](const auto& entry) { return entry.second.timed_out; });
+        if (killed_sandbox_left && fuse_server_.running()) fuse_server_.send(SIGKILL);
     }
 
     void reap() {
@@ -369,6 +397,9 @@ class WarmSupervisor {
     WarmSupervisorContext context_;
     IdMapping ids_;
     ChildProcess fuse_server_;
+    ImageMountProbe probe_;  // of a server that may hold a killed sandbox
+    bool probe_judged_ = false;
+    Clock::time_point probe_verdict_at_{};
     UniqueFd fuse_;  // the image's FUSE connection, for the servers started after the first
     ServerRecord* record_ = nullptr;
     int restarts_ = 0;

@@ -27,7 +27,8 @@ import test_image_config as image_config  # for its inotify watch of a host file
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "support"))
 
 from host_mounts import fuse_connections, new_fuse_connections  # noqa: E402
-from host_processes import children  # noqa: E402
+from host_processes import children, cmdline, wait_for_a_fuse_request  # noqa: E402
+from test_serve import Server  # noqa: E402
 
 # RLIMIT_DATA of the server (runtime/image_server_confinement.h).
 SERVER_DATA_LIMIT = 1 << 30
@@ -471,6 +472,50 @@ def test_under_serve_files_of_the_image_open_without_asking_its_server(sqbox_bin
         assert reclaimed, ("the second run waited for the stopped image server, and the kernel "
                            f"had dropped nothing from its caches: {answer}")
     pytest.fail(f"the kernel took back from its caches during each of three tries: {attempts}")
+
+
+def test_under_serve_a_sandbox_killed_behind_another_on_a_stalled_server_still_ends(
+        sqbox_bin, python_image):
+    """Under sqbox serve, as under sqbox run (test_shared_image_server.py): a run whose look-up
+    waits behind another run's of the same name cannot die while the image server is stalled.
+    A second after its timeout's kill the supervisor probes the mount; one that answers no
+    statfs for 5 s has stalled, and the supervisor ends the server and starts another, which
+    answers the other run's look-up: that run ends as usual, and the killed one with its
+    timeout."""
+    # No pool: no sandbox is being set up beside the two runs when the server stops.
+    server = Server(sqbox_bin, python_image, "--pool", "0")
+    name = f"/never-looked-up-{os.getpid()}-{time.monotonic_ns()}"
+    code = ("import os, time; print('ready', flush=True); time.sleep({}); "
+            f"print(os.path.exists({name!r}))")
+    # The first looks the name up 3 s after its start (the test sees it wait on FUSE), the second
+    # 6 s after its own, 8 s before its timeout.
+    runs = ((1, 3, 6 + 3 * GRACE), (2, 6, 14))
+    image_server = None
+    try:
+        for run_id, pause, timeout in runs:
+            server.send({"op": "run", "id": run_id, "stream": True, "code": code.format(pause),
+                         "timeout": timeout})
+        deadline = time.monotonic() + SANDBOX_TIMEOUT
+        with server.cond:
+            # Both have started Python (and read what its start reads) before the server stops.
+            while {e["id"] for e in server.events if e.get("data") == "ready\n"} != {1, 2}:
+                assert time.monotonic() < deadline, f"not both ready: {server.events}"
+                server.cond.wait(deadline - time.monotonic())
+        image_server = find_image_server(server.proc.pid)
+        os.kill(image_server, signal.SIGSTOP)
+        waiting = wait_for_a_fuse_request(server.proc.pid, timeout=GRACE)
+        assert "python3" in cmdline(waiting)
+        killed = server.wait(2, timeout=14 + GRACE)
+        assert (killed["exit_code"], killed["timed_out"]) == (124, True), killed
+        other = server.wait(1, timeout=GRACE)
+        assert (other["exit_code"], other["stdout"]) == (0, "ready\nFalse\n"), other
+    finally:
+        if image_server is not None and Path(f"/proc/{image_server}").exists():
+            os.kill(image_server, signal.SIGCONT)
+        server.close()
+    assert server.proc.returncode == 0
+    assert [line.startswith("sqbox: the image server died") and "started another" in line
+            for line in server.stderr] == [True], server.stderr
 
 
 def serve_until_closed(sqbox_bin, image):

@@ -29,7 +29,9 @@ class Server:
         self.cond = threading.Condition()
         self.marker = marker
         threading.Thread(target=self._read, daemon=True).start()
-        threading.Thread(target=lambda: self.stderr.extend(self.proc.stderr), daemon=True).start()
+        self._stderr_reader = threading.Thread(
+            target=lambda: self.stderr.extend(self.proc.stderr), daemon=True)
+        self._stderr_reader.start()
 
     def _read(self):
         for line in self.proc.stdout:
@@ -72,6 +74,7 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self._stderr_reader.join(timeout=10)  # all of stderr, now that the server has ended
 
 
 @pytest.fixture
