@@ -416,8 +416,10 @@ void serve_launchers(int listener, ChildProcess& server, const std::string& iden
     for (;;) {
         std::vector<pollfd> waiting;
         waiting.push_back({server_exit.get(), POLLIN, 0});
-        // At the limit, new launchers wait in the backlog (and time out to serve themselves).
-        waiting.push_back({sandboxes.size() < max_sandboxes ? listener : -1, POLLIN, 0});
+        // At the limit, new launchers wait in the backlog (and time out to serve themselves); so
+        // do they once the image server is being killed as stalled (until this server's end).
+        const bool takes_launchers = sandboxes.size() < max_sandboxes && !told_of_death;
+        waiting.push_back({takes_launchers ? listener : -1, POLLIN, 0});
         for (const UniqueFd& sandbox : sandboxes) waiting.push_back({sandbox.get(), POLLIN, 0});
         int timeout_ms = -1;
         if (sandboxes.empty()) {
