@@ -9,7 +9,6 @@
 #include <cctype>
 #include <cerrno>
 #include <chrono>
-#include <cmath>
 #include <csignal>
 #include <cstring>
 #include <thread>
@@ -184,7 +183,11 @@ void remove_stale_siblings(const std::vector<std::string>& parents) {
 }
 
 std::string cpu_max(double cpus) {
-    const auto quota = static_cast<uint64_t>(std::llround(cpus * kCpuPeriodMicros));
+    // Rounded to the nearest microsecond; cpus is positive and at most 4096 (parse_cpus). Not
+    // std::llround, the binary's one use of libm, which would cost every start its loading.
+    const double scaled = cpus * kCpuPeriodMicros;
+    auto quota = static_cast<uint64_t>(scaled);
+    if (scaled - static_cast<double>(quota) >= 0.5) ++quota;
     return std::to_string(quota < 1000 ? 1000 : quota) + " " + std::to_string(kCpuPeriodMicros);
 }
 

@@ -4,6 +4,7 @@ import os
 
 import pytest
 import signal
+import subprocess
 import time
 
 
@@ -134,6 +135,36 @@ def test_cpus_needs_a_cgroup(sqbox, busybox_image, tmp_path):
     elif result.returncode == 0:
         assert data["limits"]["cpus"]["value"] == 0.5
         assert data["limits"]["cpus"]["enforced_by"].startswith("cgroup")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="--cpus needs a cgroup: root, or --cgroup")
+def test_cpus_becomes_the_cgroups_quota_rounded_to_the_microsecond(sqbox, busybox_image):
+    # 1.2345678 CPUs of 100000 us periods: 123456.78 us, so 123457.
+    sandbox = sqbox.popen(busybox_image, "sh", "-c", "echo ready; read x; true",
+                          options=["--cpus", "1.2345678", "--timeout", "30"],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+    try:
+        assert sandbox.stdout.readline() == "ready\n", sandbox.stderr.read()
+        quotas = {}
+        for root, directories, _ in os.walk("/sys/fs/cgroup"):
+            for name in directories:
+                if not name.startswith(f"sqbox-{sandbox.pid}-"):
+                    continue
+                for file in ("cpu.max", "cpu.cfs_quota_us"):
+                    path = os.path.join(root, name, file)
+                    if os.path.exists(path):
+                        quotas[path] = open(path).read().split()
+            directories[:] = [d for d in directories if not d.startswith("sqbox-")]
+        assert quotas, "no cgroup of the sandbox with a CPU quota under /sys/fs/cgroup"
+        for path, quota in quotas.items():
+            assert quota[0] == "123457", (path, quota)
+            if path.endswith("cpu.max"):
+                assert quota[1] == "100000", (path, quota)
+    finally:
+        sandbox.stdin.close()
+        sandbox.wait(timeout=60)
+    assert sandbox.returncode == 0, sandbox.stderr.read()
 
 
 def test_cgroup_option_rejects_a_directory_that_is_not_a_delegated_cgroup(sqbox, busybox_image,

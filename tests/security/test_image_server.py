@@ -147,6 +147,64 @@ def test_the_running_image_server_holds_nothing_a_parser_bug_could_use(box):
                 os.listdir(f"/proc/{server}/root")
 
 
+def elf_layout(path):
+    """(DT_FLAGS, DT_FLAGS_1, whether a PT_GNU_RELRO segment exists, the (address, size) of each
+    GOT section: .got, and .got.plt where lazy binding keeps one apart) of a 64-bit
+    little-endian ELF file."""
+    data = Path(path).read_bytes()
+    assert data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1, "not a 64-bit LE ELF"
+    phoff, shoff = struct.unpack_from("<QQ", data, 0x20)
+    phentsize, phnum, shentsize, shnum, shstrndx = struct.unpack_from("<HHHHH", data, 0x36)
+    relro = False
+    dynamic = None
+    for index in range(phnum):
+        kind, _, offset, _, _, size = struct.unpack_from("<IIQQQQ", data, phoff + index * phentsize)
+        relro |= kind == 0x6474E552  # PT_GNU_RELRO
+        if kind == 2:  # PT_DYNAMIC
+            dynamic = (offset, size)
+    flags = flags_1 = 0
+    assert dynamic is not None, "no dynamic segment"
+    for entry in range(dynamic[0], dynamic[0] + dynamic[1], 16):
+        tag, value = struct.unpack_from("<qQ", data, entry)
+        if tag == 30:  # DT_FLAGS
+            flags = value
+        elif tag == 0x6FFFFFFB:  # DT_FLAGS_1
+            flags_1 = value
+    sections = [struct.unpack_from("<IIQQQQ", data, shoff + index * shentsize)
+                for index in range(shnum)]
+    names_offset = sections[shstrndx][4]
+
+    def name(section):
+        start = names_offset + section[0]
+        return data[start:data.index(b"\0", start)].decode()
+
+    gots = [(section[3], section[5]) for section in sections
+            if name(section) in (".got", ".got.plt")]
+    return flags, flags_1, relro, gots
+
+
+def test_the_image_servers_binary_has_every_symbol_bound_and_a_read_only_got(box):
+    # SECURITY.md: a corrupted parser cannot redirect a library call by overwriting the GOT.
+    flags, flags_1, relro, gots = elf_layout(box.binary)
+    assert flags & 0x8, f"DT_FLAGS {flags:#x} lacks DF_BIND_NOW"  # symbols bound at start
+    assert flags_1 & 0x08000000, f"DT_FLAGS_1 {flags_1:#x} lacks DF_1_PIE"
+    assert relro, "no PT_GNU_RELRO segment"
+    assert gots, "no GOT section"
+    if os.geteuid() != 0:
+        return  # the server is not dumpable: only root reads its maps
+    with running_image_server(box) as server:
+        maps = [line.split() for line in Path(f"/proc/{server}/maps").read_text().splitlines()]
+        binary = os.path.realpath(box.binary)
+        ours = [m for m in maps if len(m) >= 6 and m[5] == binary]
+        base = min(int(m[0].split("-")[0], 16) for m in ours if int(m[2], 16) == 0)
+        for address, size in gots:
+            for byte in (base + address, base + address + size - 1):
+                holding = [m for m in ours if int(m[0].split("-")[0], 16) <= byte
+                           < int(m[0].split("-")[1], 16)]
+                assert len(holding) == 1, (hex(byte), ours)
+                assert holding[0][1].startswith("r-"), f"a GOT mapping is writable: {holding[0]}"
+
+
 def fuse_descriptors(task_path):
     """How many of a task's descriptors are /dev/fuse (its own table, /proc/PID/task/TID/fd)."""
     count = 0
