@@ -162,6 +162,17 @@ def test_preloaded_modules_are_imported_before_the_request(prestarted):
     assert prestarted.run(["python3", "-c", probe]).stdout == "[]\n"
 
 
+def test_the_code_may_use_every_cpu_a_plain_run_may(prestarted):
+    # The code, and what it starts, may run on every CPU the server may: a sandbox made ahead
+    # (or a zygote's copy) has none taken from it.
+    show = "import os; print(sorted(os.sched_getaffinity(0)))"
+    probe = f"{show}; import subprocess, sys; subprocess.run([sys.executable, '-c', {show!r}])"
+    plain = prestarted.run(["python3", "-c", probe]).stdout
+    assert plain.splitlines() == [str(sorted(os.sched_getaffinity(0)))] * 2, plain
+    for _ in range(3):  # a sandbox made at once for a request, then ones made ahead
+        assert prestarted.run_python(probe).stdout == plain
+
+
 def test_results_have_the_shape_of_a_run(prestarted):
     result = prestarted.run_python("print('x')")
     assert result.ok and result.prestarted
