@@ -162,6 +162,8 @@ def test_preloaded_modules_are_imported_before_the_request(prestarted):
     assert prestarted.run(["python3", "-c", probe]).stdout == "[]\n"
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
+                    reason="needs two CPUs to tell a pinned sandbox from a free one")
 def test_the_code_may_use_every_cpu_a_plain_run_may(prestarted):
     # The code, and what it starts, may run on every CPU the server may: a sandbox made ahead
     # (or a zygote's copy) has none taken from it.

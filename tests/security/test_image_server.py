@@ -147,20 +147,24 @@ def test_the_running_image_server_holds_nothing_a_parser_bug_could_use(box):
                 os.listdir(f"/proc/{server}/root")
 
 
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
 def elf_layout(path):
-    """(DT_FLAGS, DT_FLAGS_1, whether a PT_GNU_RELRO segment exists, the (address, size) of each
-    GOT section: .got, and .got.plt where lazy binding keeps one apart) of a 64-bit
-    little-endian ELF file."""
+    """(DT_FLAGS, DT_FLAGS_1, the (address, size) of the PT_GNU_RELRO segment or None, the
+    (address, size) of each GOT section: .got, and .got.plt where lazy binding keeps one apart)
+    of a 64-bit little-endian ELF file."""
     data = Path(path).read_bytes()
     assert data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1, "not a 64-bit LE ELF"
     phoff, shoff = struct.unpack_from("<QQ", data, 0x20)
     phentsize, phnum, shentsize, shnum, shstrndx = struct.unpack_from("<HHHHH", data, 0x36)
-    relro = False
-    dynamic = None
+    relro = dynamic = None
     for index in range(phnum):
-        kind, _, offset, _, _, size = struct.unpack_from("<IIQQQQ", data, phoff + index * phentsize)
-        relro |= kind == 0x6474E552  # PT_GNU_RELRO
-        if kind == 2:  # PT_DYNAMIC
+        kind, _, offset, address, _, size, memory_size = struct.unpack_from(
+            "<IIQQQQQ", data, phoff + index * phentsize)
+        if kind == 0x6474E552:  # PT_GNU_RELRO
+            relro = (address, memory_size)
+        elif kind == 2:  # PT_DYNAMIC
             dynamic = (offset, size)
     flags = flags_1 = 0
     assert dynamic is not None, "no dynamic segment"
@@ -184,25 +188,36 @@ def elf_layout(path):
 
 
 def test_the_image_servers_binary_has_every_symbol_bound_and_a_read_only_got(box):
-    # SECURITY.md: a corrupted parser cannot redirect a library call by overwriting the GOT.
+    # SECURITY.md: a corrupted parser cannot redirect one of the binary's calls into libc by
+    # overwriting its GOT.
     flags, flags_1, relro, gots = elf_layout(box.binary)
     assert flags & 0x8, f"DT_FLAGS {flags:#x} lacks DF_BIND_NOW"  # symbols bound at start
     assert flags_1 & 0x08000000, f"DT_FLAGS_1 {flags_1:#x} lacks DF_1_PIE"
-    assert relro, "no PT_GNU_RELRO segment"
+    assert relro is not None, "no PT_GNU_RELRO segment"
     assert gots, "no GOT section"
+    # ld.so makes the whole pages of that segment read-only once it has relocated: its start and
+    # end rounded down to a page. Every GOT section must lie within.
+    protected = (relro[0] // PAGE * PAGE, (relro[0] + relro[1]) // PAGE * PAGE)
+    for address, size in gots:
+        assert protected[0] <= address and address + size <= protected[1], (
+            f"GOT {address:#x}+{size:#x} outside the read-only pages "
+            f"{protected[0]:#x}-{protected[1]:#x}")
     if os.geteuid() != 0:
         return  # the server is not dumpable: only root reads its maps
     with running_image_server(box) as server:
-        maps = [line.split() for line in Path(f"/proc/{server}/maps").read_text().splitlines()]
+        maps = [line.split(maxsplit=5)
+                for line in Path(f"/proc/{server}/maps").read_text().splitlines()]
         binary = os.path.realpath(box.binary)
-        ours = [m for m in maps if len(m) >= 6 and m[5] == binary]
-        base = min(int(m[0].split("-")[0], 16) for m in ours if int(m[2], 16) == 0)
+        # (low, high, permissions, file offset) of each mapping of the binary
+        ours = [(*(int(end, 16) for end in m[0].split("-")), m[1], int(m[2], 16))
+                for m in maps if len(m) == 6 and m[5] == binary]
+        assert ours, f"no mapping of {binary} in the server"
+        base = min(low for low, _, _, offset in ours if offset == 0)
         for address, size in gots:
-            for byte in (base + address, base + address + size - 1):
-                holding = [m for m in ours if int(m[0].split("-")[0], 16) <= byte
-                           < int(m[0].split("-")[1], 16)]
-                assert len(holding) == 1, (hex(byte), ours)
-                assert holding[0][1].startswith("r-"), f"a GOT mapping is writable: {holding[0]}"
+            for page in range((base + address) // PAGE * PAGE, base + address + size, PAGE):
+                holding = [perms for low, high, perms, _ in ours if low <= page < high]
+                assert len(holding) == 1, (hex(page), ours)
+                assert holding[0].startswith("r-"), f"the GOT's page {page:#x} is {holding[0]}"
 
 
 def fuse_descriptors(task_path):
