@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 from host_mounts import fuse_connections
-from host_processes import (PRINT_PID_NAMESPACE, processes_with, wait_until_gone,
-                            wait_until_pid_namespace_is_empty)
+from host_processes import (PRINT_PID_NAMESPACE, processes_with, sandbox_cgroups_of,
+                            wait_until_gone, wait_until_pid_namespace_is_empty)
 
 
 class Snapshot:
@@ -154,15 +154,6 @@ def test_after_kill_9_of_the_supervisor(sqbox, busybox_image, token):
     assert proc.returncode == 125
     assert "supervisor died unexpectedly" in err
     assert_clean(before, token, wait=10.0)
-
-
-def sandbox_cgroups_of(launcher_pid):
-    """The cgroup directories sqbox made for the run of `launcher_pid` (sqbox-PID-RANDOM)."""
-    found = []
-    for top, dirs, _ in os.walk("/sys/fs/cgroup"):
-        found += [os.path.join(top, d) for d in dirs if d.startswith(f"sqbox-{launcher_pid}-")]
-        dirs[:] = [d for d in dirs if not d.startswith("sqbox-")]
-    return found
 
 
 def test_a_cgroup_left_by_kill_9_of_sqbox_is_removed_by_the_next_run(sqbox, busybox_image, token):

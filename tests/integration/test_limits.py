@@ -6,6 +6,9 @@ import pytest
 import signal
 import subprocess
 import time
+from pathlib import Path
+
+from host_processes import sandbox_cgroups_of
 
 
 def test_timeout_kills_the_whole_sandbox(sqbox, busybox_image, tmp_path):
@@ -146,20 +149,14 @@ def test_cpus_becomes_the_cgroups_quota_rounded_to_the_microsecond(sqbox, busybo
                           text=True)
     try:
         assert sandbox.stdout.readline() == "ready\n", sandbox.stderr.read()
-        quotas = {}
-        for root, directories, _ in os.walk("/sys/fs/cgroup"):
-            for name in directories:
-                if not name.startswith(f"sqbox-{sandbox.pid}-"):
-                    continue
-                for file in ("cpu.max", "cpu.cfs_quota_us"):
-                    path = os.path.join(root, name, file)
-                    if os.path.exists(path):
-                        quotas[path] = open(path).read().split()
-            directories[:] = [d for d in directories if not d.startswith("sqbox-")]
+        quotas = {path: path.read_text().split()
+                  for directory in sandbox_cgroups_of(sandbox.pid)
+                  for path in (Path(directory, "cpu.max"), Path(directory, "cpu.cfs_quota_us"))
+                  if path.exists()}
         assert quotas, "no cgroup of the sandbox with a CPU quota under /sys/fs/cgroup"
         for path, quota in quotas.items():
             assert quota[0] == "123457", (path, quota)
-            if path.endswith("cpu.max"):
+            if path.name == "cpu.max":
                 assert quota[1] == "100000", (path, quota)
     finally:
         sandbox.stdin.close()

@@ -159,3 +159,12 @@ def wait_until_gone(token, seconds=5.0):
 def wait_until_ended(processes, seconds=10.0):
     """Those of {pid: start time} still running after up to `seconds`."""
     return _until_none_left(lambda: still_alive(processes), seconds)
+
+
+def sandbox_cgroups_of(launcher_pid):
+    """The cgroup directories sqbox made for the run of `launcher_pid` (sqbox-PID-RANDOM)."""
+    found = []
+    for top, dirs, _ in os.walk("/sys/fs/cgroup"):
+        found += [os.path.join(top, d) for d in dirs if d.startswith(f"sqbox-{launcher_pid}-")]
+        dirs[:] = [d for d in dirs if not d.startswith("sqbox-")]
+    return found
