@@ -173,12 +173,10 @@ PayloadProcess start_payload_early(const SandboxPlan& plan) {
     // pivot_root carries along only what stands at the old root.
     if (::chdir("/") != 0) throw system_error("chdir /");
     Pipe exec_status = make_pipe("exec status");
-    int ready[2] = {-1, -1};
-    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ready) != 0) {
-        throw system_error("cannot make the payload's start signal");
-    }
-    UniqueFd ready_init(ready[0]);
-    UniqueFd ready_payload(ready[1]);
+    // A message channel: a pooled sandbox's request comes this way, with its stdio.
+    std::pair<UniqueFd, UniqueFd> ready = make_message_channel("the payload's start signal");
+    UniqueFd ready_init = std::move(ready.first);
+    UniqueFd ready_payload = std::move(ready.second);
     const pid_t pid = ::fork();
     if (pid < 0) throw system_error("cannot start the payload");
     if (pid == 0) {
@@ -237,7 +235,7 @@ void adopt_request_stdio(InitContext& context) {
     // Nothing else of the server's is open: keep_only_init_descriptors closed it on entry.
 }
 
-void await_request(int channel, SandboxConfig& config, SandboxPlan& plan) {
+std::string await_request(int channel, SandboxConfig& config, SandboxPlan& plan) {
     std::optional<FdMessage> message = receive_fd_message(channel);
     if (!message || message->tag != MessageTag::kGo || message->fds.size() != 3) ::_exit(0);
     for (int fd = 0; fd < 3; ++fd) {
@@ -245,8 +243,13 @@ void await_request(int channel, SandboxConfig& config, SandboxPlan& plan) {
             throw system_error("cannot set up the sandbox's stdio");
         }
     }
+    apply_pooled_request(message->text, config, plan);
+    return std::move(message->text);
+}
+
+void apply_pooled_request(const std::string& text, SandboxConfig& config, SandboxPlan& plan) {
     try {
-        const nlohmann::json request = nlohmann::json::parse(message->text);
+        const nlohmann::json request = nlohmann::json::parse(text);
         config.command = request.at("command").get<std::vector<std::string>>();
         for (const auto& [key, value] :
              request.at("environment").get<std::vector<std::pair<std::string, std::string>>>()) {
@@ -274,7 +277,7 @@ void enter_own_user_namespace(const std::pair<uid_t, gid_t>& ids) {
 }
 
 bool starts_payload_early(const SandboxPlan& plan) {
-    return plan.seccomp_before_root_ready && !plan.pooled && !plan.config->tty;
+    return plan.seccomp_before_root_ready && !plan.config->tty;
 }
 
 SandboxPty open_terminal_if_asked(const SandboxConfig& config, int channel) {
@@ -287,10 +290,18 @@ SandboxPty open_terminal_if_asked(const SandboxConfig& config, int channel) {
     return terminal;
 }
 
-void release_early_payload(PayloadProcess& payload) {
+void release_early_payload(PayloadProcess& payload, const std::optional<std::string>& request) {
     if (!payload.ready) return;
     // If this fails the payload has already failed, and its report says why.
-    (void)::send(payload.ready.get(), &kRootReady, 1, MSG_NOSIGNAL);
+    if (request) {
+        try {
+            send_fd_message(payload.ready.get(), MessageTag::kGo, *request,
+                            {STDIN_FILENO, STDOUT_FILENO, STDERR_FILENO}, "the request");
+        } catch (const Error&) {
+        }
+    } else {
+        (void)::send(payload.ready.get(), &kRootReady, 1, MSG_NOSIGNAL);
+    }
     payload.ready.reset();
 }
 

@@ -5,6 +5,8 @@
 
 #include <array>
 #include <chrono>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "runtime/sandbox_plan.h"
@@ -77,8 +79,8 @@ void adopt_request_stdio(InitContext& context);
 // which the payload then does not apply as rlimits.
 void enter_sandbox_cgroup(int channel, ResourceLimits& rlimits);
 
-// Whether the payload starts before the root is ready: a profile of sqbox's own (or none), and a
-// plain run (not pooled, no --tty).
+// Whether the payload starts before the root is ready: a profile of sqbox's own (or none), and no
+// --tty. A pooled sandbox's payload then waits, set up as far as it can be, for its request.
 bool starts_payload_early(const SandboxPlan& plan);
 
 // The payload's process, as init holds it.
@@ -96,7 +98,12 @@ void prepare_sandbox(const SandboxConfig& config);
 
 // A pooled sandbox: everything is set up; now the request arrives. Its stdio replaces 0-2, its
 // command and additions complete the configuration. The server going away ends the sandbox.
-void await_request(int channel, SandboxConfig& config, SandboxPlan& plan);
+// Returns the request's text, for a payload started early.
+std::string await_request(int channel, SandboxConfig& config, SandboxPlan& plan);
+
+// The text of a pooled sandbox's request (kGo: command, environment additions, working
+// directory, CPU time) into its configuration. Throws Error when it is malformed.
+void apply_pooled_request(const std::string& text, SandboxConfig& config, SandboxPlan& plan);
 
 // --tty: a terminal of the sandbox's own, whose master is sent to the launcher on `channel`.
 SandboxPty open_terminal_if_asked(const SandboxConfig& config, int channel);
@@ -105,8 +112,9 @@ SandboxPty open_terminal_if_asked(const SandboxConfig& config, int channel);
 // closes here.
 PayloadProcess start_payload(const SandboxPlan& plan, UniqueFd terminal);
 
-// An early payload waits for the root: tells it the root is ready.
-void release_early_payload(PayloadProcess& payload);
+// An early payload waits for the root: tells it the root is ready, or, in a pooled sandbox, hands
+// it the request (its text, and 0-2, the request's stdio).
+void release_early_payload(PayloadProcess& payload, const std::optional<std::string>& request);
 
 // Waits until the payload has executed its command or failed to (forwarding signals), says so
 // early on `report_fd`, then until it ends, reaping every orphan; returns how it ended.

@@ -23,6 +23,7 @@
 #include "security/landlock.h"
 #include "security/seccomp_filter.h"
 #include "util/errors.h"
+#include "util/fd_passing.h"
 #include "util/files.h"
 
 namespace sqbox {
@@ -110,6 +111,19 @@ void wait_until_root_ready(UniqueFd ready) {
     if (!ready) return;
     char word = 0;
     if (read_full(ready.get(), &word, 1) != 1 || word != kRootReady) ::_exit(kExitSqboxFailure);
+}
+
+std::string wait_for_pooled_request(UniqueFd ready) {
+    std::optional<FdMessage> message = receive_fd_message(ready.get());
+    if (!message || message->tag != MessageTag::kGo || message->fds.size() != 3) {
+        ::_exit(kExitSqboxFailure);
+    }
+    for (int fd = 0; fd < 3; ++fd) {
+        if (::dup2(message->fds[static_cast<size_t>(fd)].get(), fd) < 0) {
+            throw system_error("cannot set up the sandbox's stdio");
+        }
+    }
+    return std::move(message->text);
 }
 
 void exec_command(const SandboxPlan& plan, int status_fd, int rc_fd) {

@@ -49,6 +49,12 @@ void leave_callers_session(int terminal_fd);
 // runs anything.
 void wait_until_root_ready(UniqueFd ready);
 
+// A pooled sandbox's payload started early (sqbox serve): blocks until init hands it the request
+// (the kGo message: its text, and its stdin, stdout and stderr, which replace 0-2 here), then
+// closes `ready` and returns the text. Anything else (init failed, or the server went away
+// before any request) ends the payload before it runs anything.
+std::string wait_for_pooled_request(UniqueFd ready);
+
 // In the final root: the environment (build_payload_environment) and the working directory.
 void enter_payload_environment(const SandboxConfig& config);
 

@@ -20,6 +20,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <optional>
+#include <string>
 
 #include "image/image_source.h"
 #include "runtime/cgroups.h"
@@ -254,7 +256,8 @@ void run_init(InitContext context) {
             fail_stage(context.report.get(), kExitSqboxFailure, e);  // the payload dies with us
         }
         // 8. A pooled sandbox waits here for its request: command, environment, stdio.
-        if (plan.pooled) await_request(context.channel.get(), live_config, live_plan);
+        std::optional<std::string> request;
+        if (plan.pooled) request = await_request(context.channel.get(), live_config, live_plan);
         // 9. --tty: a terminal of the sandbox's own; its master goes to the launcher.
         SandboxPty terminal = open_terminal_if_asked(config, context.channel.get());
         context.channel.reset();  // nothing more on it; the payload must not inherit it
@@ -262,7 +265,7 @@ void run_init(InitContext context) {
         const auto started = std::chrono::steady_clock::now();
         PayloadProcess payload =
             early ? std::move(*early) : start_payload(live_plan, std::move(terminal.slave));
-        release_early_payload(payload);
+        release_early_payload(payload, request);
         // 11. Until the payload has executed its command (or failed to), then until it ends,
         //     reaping orphans and forwarding signals.
         report = supervise_payload_to_end(payload, context.report.get(), started);
@@ -281,6 +284,12 @@ void run_init(InitContext context) {
 void run_payload(PayloadContext context) {
     const SandboxPlan& plan = *context.plan;
     const SandboxConfig& config = *plan.config;
+    // A pooled sandbox's payload started early gets its command, environment, working directory
+    // and CPU time with the request, into a copy of the plan: `live` is the plan it runs by.
+    const bool awaits_request = plan.pooled && context.ready;
+    SandboxConfig request_config;
+    SandboxPlan request_plan;
+    const SandboxPlan* live = &plan;
     UniqueFd rc_fd;
     // Before the root is ready: nothing here reads the sandbox's files. A payload started early
     // runs these while init builds the root, and tells a failure only once the root is ready: if
@@ -290,8 +299,10 @@ void run_payload(PayloadContext context) {
         // 1. A new session (no controlling terminal but the sandbox's own with --tty), default
         //    signal handling.
         leave_callers_session(context.terminal.get());
-        // 2. The rlimits the cgroup does not hold.
-        apply_resource_limits(plan.rlimits);
+        // 2. The rlimits the cgroup does not hold (CPU time: the request's, once it is here).
+        ResourceLimits limits = plan.rlimits;
+        if (awaits_request) limits.cpu_seconds.reset();
+        apply_resource_limits(limits);
         // 3. enroot's rc script as a descriptor that survives exec.
         rc_fd = make_rc_descriptor(config);
         // 4. Every capability, securebits locked, no_new_privs.
@@ -302,12 +313,23 @@ void run_payload(PayloadContext context) {
         early_failure = e.what();
     }
     try {
-        // 6. The root is ready (at once for a payload started late).
-        wait_until_root_ready(std::move(context.ready));
+        // 6. The root is ready (at once for a payload started late). A pooled sandbox's request
+        //    comes with that word: its stdio onto 0-2, the rest into the plan.
+        if (awaits_request) {
+            const std::string request = wait_for_pooled_request(std::move(context.ready));
+            request_config = config;
+            request_plan = plan;
+            request_plan.config = &request_config;
+            apply_pooled_request(request, request_config, request_plan);
+            apply_cpu_time_limit(request_plan.rlimits.cpu_seconds);
+            live = &request_plan;
+        } else {
+            wait_until_root_ready(std::move(context.ready));
+        }
         if (early_failure) throw Error(*early_failure);
         // 7. In the final root: the environment (the image's /etc/environment, --env), the
         //    working directory, and the OOM killer's preference for the payload over init.
-        enter_payload_environment(config);
+        enter_payload_environment(*live->config);
         prefer_payload_for_oom_kill();
         // 8. Landlock: only files beneath the sandbox's root.
         if (plan.landlock_abi > 0) apply_landlock(plan.landlock_abi);
@@ -319,7 +341,7 @@ void run_payload(PayloadContext context) {
         fail_stage(context.status.get(), kExitSqboxFailure, e.what());
     }
     // 11. The command (or enroot's /etc/rc through the container's shell).
-    exec_command(plan, context.status.get(), rc_fd.get());
+    exec_command(*live, context.status.get(), rc_fd.get());
 }
 
 }  // namespace sqbox

@@ -6,6 +6,7 @@ but the binary.
 """
 import json
 import os
+import signal
 import stat
 import subprocess
 import threading
@@ -406,6 +407,41 @@ def test_run_payloads_hold_only_stdio(server, pool):
     answer = srv.call({"id": "fds", "op": "run", "code": LIST_FDS})
     assert answer["exit_code"] == 0, answer
     assert answer["stdout"] == "[0, 1, 2, 3]\n"
+
+
+# What a run request brings with it, as the payload sees it.
+REQUEST_AS_SEEN = ("echo \"$GREETING\"; pwd; ulimit -St; ulimit -Ht; cat; "
+                   "ls /proc/self/fd; echo to-stderr >&2")
+
+
+@pytest.mark.parametrize("pool", [False, True], ids=["fresh", "pooled"])
+def test_a_run_gets_its_requests_command_environment_workdir_stdio_and_cpu_time(server, pool):
+    """A pooled sandbox's payload is set up before its request exists (it waits, confined, for
+    it): the command, environment, working directory, stdin, stdout, stderr and CPU time it then
+    runs with must be the request's, as in a sandbox made for the request, and the CPU time must
+    still be enforced."""
+    srv = server(*(["--pool", "1"] if pool else []))
+    answers = []
+    for cpu_time in (7, 3):
+        if pool:
+            time.sleep(1)  # let the pool fill, so the request lands on a pooled sandbox
+        answers.append(srv.call({
+            "id": f"seen-{cpu_time}", "op": "run", "command": ["sh", "-c", REQUEST_AS_SEEN],
+            "env": {"GREETING": f"hello {cpu_time}"}, "workdir": "/tmp",
+            "stdin": f"input {cpu_time}\n", "cpu_time": cpu_time}))
+    for answer, cpu_time in zip(answers, (7, 3)):
+        assert answer["exit_code"] == 0, answer
+        # The listing opens one more descriptor (3): nothing of init's or the request's way in.
+        assert answer["stdout"] == (f"hello {cpu_time}\n/tmp\n{cpu_time}\n{cpu_time + 1}\n"
+                                    f"input {cpu_time}\n0\n1\n2\n3\n"), answer
+        assert answer["stderr"] == "to-stderr\n", answer
+    if pool:
+        time.sleep(1)
+    spin = srv.call({"id": "spin", "op": "run", "command": ["sh", "-c", "while :; do :; done"],
+                     "cpu_time": 1, "timeout": 30}, timeout=60)
+    assert not spin["timed_out"], spin
+    assert spin["signal"] in (signal.SIGXCPU, signal.SIGKILL), spin
+    assert spin["cpu_ms"] < 5000, spin
 
 
 def test_session_code_holds_only_stdio_and_its_drivers_channel(server):
