@@ -235,6 +235,15 @@ void adopt_request_stdio(InitContext& context) {
     // Nothing else of the server's is open: keep_only_init_descriptors closed it on entry.
 }
 
+void hand_mount_namespace_to_supervisor(int channel) {
+    // The host's procfs is still at the old root; /proc/self there is this process.
+    const std::string path = std::string(kOldRootDir) + "/proc/self/ns/mnt";
+    UniqueFd mounts(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!mounts) throw system_error("cannot open " + path);
+    send_fd_message(channel, MessageTag::kMountNamespace, "", {mounts.get()},
+                    "cannot hand the mount namespace to the supervisor");
+}
+
 std::string await_request(int channel, SandboxConfig& config, SandboxPlan& plan) {
     std::optional<FdMessage> message = receive_fd_message(channel);
     if (!message || message->tag != MessageTag::kGo || message->fds.size() != 3) ::_exit(0);

@@ -96,6 +96,12 @@ PayloadProcess start_payload_early(const SandboxPlan& plan);
 // The hostname, then the complete root (rootfs.h), then pivot_root into it.
 void prepare_sandbox(const SandboxConfig& config);
 
+// sqbox serve: sends the supervisor, on `channel`, a descriptor of init's mount namespace. The
+// last process of a namespace tears its mounts down as it exits, waiting for RCU grace periods
+// (milliseconds on a VM), before its parent learns of its end; the supervisor, holding the
+// namespace, reports the sandbox's end first and tears it down after.
+void hand_mount_namespace_to_supervisor(int channel);
+
 // A pooled sandbox: everything is set up; now the request arrives. Its stdio replaces 0-2, its
 // command and additions complete the configuration. The server going away ends the sandbox.
 // Returns the request's text, for a payload started early.

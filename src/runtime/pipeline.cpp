@@ -224,7 +224,12 @@ void run_init(InitContext context) {
         die_with_supervisor(context.lifeline.get());
         keep_only_init_descriptors(context);
         // 2. Namespaces of its own: a user namespace (sqbox serve), the network (loopback only).
-        if (plan.own_user_namespace) enter_own_user_namespace(*plan.own_user_namespace);
+        //    sqbox serve's supervisor holds the mount namespace too, to tear it down after the
+        //    sandbox's end is reported rather than before.
+        if (plan.own_user_namespace) {
+            enter_own_user_namespace(*plan.own_user_namespace);
+            hand_mount_namespace_to_supervisor(context.channel.get());
+        }
         enter_loopback_only_network();
         // 3. Its own copy of the mount namespace, once the supervisor has mounted the image.
         if (context.image_ready) {

@@ -19,6 +19,7 @@
 #include <new>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <vector>
 
 #include "runtime/fuse_flushes.h"
 #include "runtime/image_mount_probe.h"
@@ -47,7 +48,10 @@ struct RunningSandbox {
     ChildProcess init;
     UniqueFd report;    // init's StageReport
     UniqueFd lifeline;  // init dies when this closes
-    UniqueFd channel;   // a pooled sandbox's: its request arrives here
+    UniqueFd channel;   // init's: its mount namespace comes this way; a pooled one's request goes
+    bool awaits_request = false;         // pooled, and no request handed to it yet
+    bool awaits_mount_namespace = true;  // nothing read on `channel` yet
+    UniqueFd mount_namespace;  // init's (hand_mount_namespace_to_supervisor), once received
     std::optional<Clock::time_point> deadline;
     bool timed_out = false;
     Clock::time_point started;
@@ -151,13 +155,20 @@ class WarmSupervisor {
         sigset_t signals = pipeline_signals();
         UniqueFd signal_fd(::signalfd(-1, &signals, SFD_CLOEXEC | SFD_NONBLOCK));
         if (!signal_fd) throw system_error("signalfd");
+        std::vector<pollfd> fds;
         for (;;) {
-            pollfd fds[3] = {{context_.control_fd, POLLIN, 0},
-                             {signal_fd.get(), POLLIN, 0},
-                             {probe_.running() ? probe_.exit_fd() : -1, POLLIN, 0}};
-            if (::poll(fds, 3, next_timeout_ms()) < 0 && errno != EINTR) {
+            fds.assign({{context_.control_fd, POLLIN, 0},
+                        {signal_fd.get(), POLLIN, 0},
+                        {probe_.running() ? probe_.exit_fd() : -1, POLLIN, 0}});
+            for (const auto& [key, sandbox] : sandboxes_) {
+                if (sandbox.awaits_mount_namespace) {
+                    fds.push_back({sandbox.channel.get(), POLLIN, 0});
+                }
+            }
+            if (::poll(fds.data(), fds.size(), next_timeout_ms()) < 0 && errno != EINTR) {
                 throw system_error("poll");
             }
+            take_mount_namespaces(fds);
             if (fds[1].revents != 0) {
                 signalfd_siginfo info{};
                 while (::read(signal_fd.get(), &info, sizeof info) == sizeof info) {
@@ -177,6 +188,26 @@ class WarmSupervisor {
     }
 
   private:
+    // What inits sent on their channels: their mount namespaces, one message each. Anything
+    // else (init gone before it sent it) leaves the namespace to init's exit, as without it.
+    void take_mount_namespaces(const std::vector<pollfd>& fds) {
+        for (auto& [key, sandbox] : sandboxes_) {
+            if (!sandbox.awaits_mount_namespace) continue;
+            const int channel = sandbox.channel.get();
+            const auto polled =
+                std::find_if(fds.begin(), fds.end(),
+                             [channel](const pollfd& entry) { return entry.fd == channel; });
+            if (polled == fds.end() || polled->revents == 0) continue;
+            sandbox.awaits_mount_namespace = false;
+            std::optional<FdMessage> message = receive_fd_message(sandbox.channel.get());
+            if (message && message->tag == MessageTag::kMountNamespace &&
+                message->fds.size() == 1) {
+                sandbox.mount_namespace = std::move(message->fds[0]);
+            }
+            if (!sandbox.awaits_request) sandbox.channel.reset();
+        }
+    }
+
     int next_timeout_ms() const {
         std::optional<Clock::time_point> nearest;
         for (const auto& [key, sandbox] : sandboxes_) {
@@ -278,6 +309,10 @@ class WarmSupervisor {
         }
         send_fd_message(context_.control_fd, MessageTag::kReport,
                         report_to_json(key, report).dump(), {}, "cannot report to the server");
+        // Only now, the report sent, its unmounts (and their waits for RCU grace periods). Here,
+        // not on a thread: sandboxes are started with a raw clone, whose child would inherit
+        // any lock of libc such a thread held at that moment.
+        sandbox.mount_namespace.reset();
     }
 
     void handle(FdMessage& message) {
@@ -311,7 +346,7 @@ class WarmSupervisor {
     // A pooled sandbox's request: handed to its init, whose clock starts now.
     void go(uint64_t key, const json& body, const std::vector<UniqueFd>& fds) {
         auto it = sandboxes_.find(key);
-        if (it == sandboxes_.end() || !it->second.channel) return;
+        if (it == sandboxes_.end() || !it->second.awaits_request) return;
         RunningSandbox& sandbox = it->second;
         std::vector<int> stdio;
         stdio.reserve(fds.size());
@@ -322,7 +357,8 @@ class WarmSupervisor {
         } catch (const Error&) {
             // init is gone; its report follows
         }
-        sandbox.channel.reset();
+        sandbox.awaits_request = false;
+        if (!sandbox.awaits_mount_namespace) sandbox.channel.reset();
         sandbox.started = Clock::now();
         if (!body.at("timeout").is_null()) {
             sandbox.deadline = sandbox.started +
@@ -390,7 +426,8 @@ class WarmSupervisor {
         } catch (const Error&) {
             // init is already gone; its report says why
         }
-        if (pooled) sandbox.channel = std::move(channel);
+        sandbox.channel = std::move(channel);
+        sandbox.awaits_request = pooled;
         sandboxes_.emplace(key, std::move(sandbox));
     }
 

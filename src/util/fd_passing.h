@@ -28,10 +28,12 @@ enum class MessageTag : char {
     kDeadline = 'd',  // server -> serve supervisor: a pre-started sandbox's timeout, from now
     kReady = 'w',     // serve supervisor -> server: the image is mounted
     kReport = 'r',    // serve supervisor -> server: a sandbox has ended
-    kImageMount = 'm',  // launcher <-> shared image server: its image's identity; the mount
-    kChallenge = 'n',   // shared image server -> launcher: what to prove its key with
-    kStalled = 'h',     // supervisor -> shared image server: its image server holds a killed
-                        // sandbox (it answers nothing): end it
+    kImageMount = 'm',      // launcher <-> shared image server: its image's identity; the mount
+    kChallenge = 'n',       // shared image server -> launcher: what to prove its key with
+    kStalled = 'h',         // supervisor -> shared image server: its image server holds a killed
+                            // sandbox (it answers nothing): end it
+    kMountNamespace = 'M',  // init -> serve supervisor: the sandbox's mount namespace, which the
+                            // supervisor then tears down after reporting the sandbox's end
 };
 
 struct FdMessage {

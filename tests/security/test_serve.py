@@ -13,7 +13,8 @@ import threading
 import time
 
 import pytest
-from host_processes import descendants, processes_with, wait_until_ended, wait_until_gone
+from host_processes import (children, descendants, processes_with, wait_until_ended,
+                            wait_until_gone)
 
 
 class Server:
@@ -442,6 +443,38 @@ def test_a_run_gets_its_requests_command_environment_workdir_stdio_and_cpu_time(
     assert not spin["timed_out"], spin
     assert spin["signal"] in (signal.SIGXCPU, signal.SIGKILL), spin
     assert spin["cpu_ms"] < 5000, spin
+
+
+def links_of_descriptors(pid):
+    links = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            links.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            pass  # closed meanwhile
+    return links
+
+
+@pytest.mark.skipif(os.geteuid() != 0,
+                    reason="needs root: the server's supervisor is not dumpable, so its "
+                           "descriptors and its sandboxes' namespaces are root's to read")
+def test_the_supervisor_holds_the_mount_namespace_of_each_live_sandbox_and_no_other(server):
+    """The supervisor takes each init's mount namespace, to tear it down only once the sandbox's
+    end is reported (runtime/init.h). One it kept after that would keep an ended sandbox's
+    writable layer in memory for good."""
+    srv = server("--pool", "1")
+    time.sleep(1)
+    for index in range(3):
+        answer = srv.call({"id": f"run-{index}", "op": "run", "code": "open('/tmp/x', 'w')"})
+        assert answer["exit_code"] == 0, answer
+    time.sleep(1)  # the pool's refill
+    supervisor = next(child for child in children(srv.proc.pid)
+                      if any(link.endswith("/dev/fuse") for link in links_of_descriptors(child)))
+    inits = [child for child in children(supervisor)
+             if not any(link.endswith("/dev/fuse") for link in links_of_descriptors(child))]
+    held = sorted(link for link in links_of_descriptors(supervisor) if link.startswith("mnt:"))
+    assert len(inits) == 1, inits  # the pooled sandbox, waiting
+    assert held == [os.readlink(f"/proc/{inits[0]}/ns/mnt")]
 
 
 def test_session_code_holds_only_stdio_and_its_drivers_channel(server):
