@@ -99,7 +99,7 @@ void prepare_sandbox(const SandboxConfig& config);
 // sqbox serve: sends the supervisor, on `channel`, a descriptor of init's mount namespace. The
 // last process of a namespace tears its mounts down as it exits, waiting for RCU grace periods
 // (milliseconds on a VM), before its parent learns of its end; the supervisor, holding the
-// namespace, reports the sandbox's end first and tears it down after.
+// namespace, reports the sandbox's end first and has it torn down after.
 void hand_mount_namespace_to_supervisor(int channel);
 
 // A pooled sandbox: everything is set up; now the request arrives. Its stdio replaces 0-2, its

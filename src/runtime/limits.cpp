@@ -56,11 +56,9 @@ void apply_resource_limits(const ResourceLimits& limits) {
     set_optional(RLIMIT_NPROC, limits.processes, "--pids");
     set_optional(RLIMIT_FSIZE, limits.file_size_bytes, "--fsize");
     set_optional(RLIMIT_NOFILE, limits.open_files, "--nofile");
-    apply_cpu_time_limit(limits.cpu_seconds);
-}
-
-void apply_cpu_time_limit(const std::optional<uint64_t>& cpu_seconds) {
-    if (cpu_seconds) set_limit(RLIMIT_CPU, *cpu_seconds, *cpu_seconds + 1, "--cpu-time");
+    if (limits.cpu_seconds) {
+        set_limit(RLIMIT_CPU, *limits.cpu_seconds, *limits.cpu_seconds + 1, "--cpu-time");
+    }
 }
 
 }  // namespace sqbox

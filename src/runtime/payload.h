@@ -51,8 +51,9 @@ void wait_until_root_ready(UniqueFd ready);
 
 // A pooled sandbox's payload started early (sqbox serve): blocks until init hands it the request
 // (the kGo message: its text, and its stdin, stdout and stderr, which replace 0-2 here), then
-// closes `ready` and returns the text. Anything else (init failed, or the server went away
-// before any request) ends the payload before it runs anything.
+// closes `ready` and returns the text. Init gone (it failed, or the server went away before any
+// request) ends the payload before it runs anything; a message without its three descriptors
+// throws Error.
 std::string wait_for_pooled_request(UniqueFd ready);
 
 // In the final root: the environment (build_payload_environment) and the working directory.

@@ -224,7 +224,7 @@ void run_init(InitContext context) {
         die_with_supervisor(context.lifeline.get());
         keep_only_init_descriptors(context);
         // 2. Namespaces of its own: a user namespace (sqbox serve), the network (loopback only).
-        //    sqbox serve's supervisor holds the mount namespace too, to tear it down after the
+        //    sqbox serve's supervisor holds the mount namespace too, to have it torn down after the
         //    sandbox's end is reported rather than before.
         if (plan.own_user_namespace) {
             enter_own_user_namespace(*plan.own_user_namespace);
@@ -304,9 +304,13 @@ void run_payload(PayloadContext context) {
         // 1. A new session (no controlling terminal but the sandbox's own with --tty), default
         //    signal handling.
         leave_callers_session(context.terminal.get());
-        // 2. The rlimits the cgroup does not hold (CPU time: the request's, once it is here).
+        // 2. The rlimits the cgroup does not hold (CPU time and descriptors: once the request,
+        //    the request's own CPU time and three descriptors, is here).
         ResourceLimits limits = plan.rlimits;
-        if (awaits_request) limits.cpu_seconds.reset();
+        if (awaits_request) {
+            limits.cpu_seconds.reset();
+            limits.open_files.reset();
+        }
         apply_resource_limits(limits);
         // 3. enroot's rc script as a descriptor that survives exec.
         rc_fd = make_rc_descriptor(config);
@@ -326,7 +330,10 @@ void run_payload(PayloadContext context) {
             request_plan = plan;
             request_plan.config = &request_config;
             apply_pooled_request(request, request_config, request_plan);
-            apply_cpu_time_limit(request_plan.rlimits.cpu_seconds);
+            ResourceLimits deferred;
+            deferred.cpu_seconds = request_plan.rlimits.cpu_seconds;
+            deferred.open_files = request_plan.rlimits.open_files;
+            apply_resource_limits(deferred);
             live = &request_plan;
         } else {
             wait_until_root_ready(std::move(context.ready));

@@ -1,8 +1,10 @@
 #include "session/warm_supervisor.h"
 
 #include <fcntl.h>
+#include <linux/nsfs.h>
 #include <poll.h>
 #include <sched.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
@@ -143,6 +145,48 @@ json report_to_json(uint64_t key, const StageReport& report) {
             {"error", report.error_message()}};
 }
 
+// Drops the last references to ended sandboxes' mount namespaces, and with them their unmounts
+// (their waits for RCU grace periods, and freeing a writable layer a payload may have filled), so
+// that neither a sandbox's report nor the supervisor's loop, which serves every other sandbox,
+// waits for them. A process of its own, forked before any sandbox and holding nothing but its
+// socket: a thread would not do, as sandboxes are started with a raw clone, whose child would
+// inherit any lock of libc such a thread held at that moment.
+class MountNamespaceReleaser {
+  public:
+    void start() {
+        auto [ours, theirs] = make_message_channel("the mount namespaces' releaser");
+        const pid_t self = ::getpid();
+        const pid_t pid = ::fork();
+        if (pid < 0) throw system_error("cannot start the mount namespaces' releaser");
+        if (pid == 0) {
+            die_with_parent(self);
+            ours.reset();
+            close_fds_except({theirs.get()});
+            // Each message's descriptor closes as the message goes.
+            while (receive_fd_message(theirs.get())) {
+            }
+            ::_exit(0);
+        }
+        process_ = ChildProcess(pid);
+        channel_ = std::move(ours);
+    }
+
+    // Hands `mount_namespace` over; where the releaser is gone, it is released here.
+    void release(UniqueFd mount_namespace) {
+        if (!mount_namespace || !channel_) return;
+        try {
+            send_fd_message(channel_.get(), MessageTag::kMountNamespace, "",
+                            {mount_namespace.get()}, "cannot hand a mount namespace over");
+        } catch (const Error&) {
+            channel_.reset();
+        }
+    }
+
+  private:
+    ChildProcess process_;
+    UniqueFd channel_;
+};
+
 class WarmSupervisor {
   public:
     WarmSupervisor(const WarmSupervisorContext& context, const IdMapping& ids)
@@ -152,6 +196,7 @@ class WarmSupervisor {
         fuse_server_ = std::move(server);
         fuse_ = std::move(fuse);
         record_ = record;
+        releaser_.start();
         sigset_t signals = pipeline_signals();
         UniqueFd signal_fd(::signalfd(-1, &signals, SFD_CLOEXEC | SFD_NONBLOCK));
         if (!signal_fd) throw system_error("signalfd");
@@ -201,7 +246,8 @@ class WarmSupervisor {
             sandbox.awaits_mount_namespace = false;
             std::optional<FdMessage> message = receive_fd_message(sandbox.channel.get());
             if (message && message->tag == MessageTag::kMountNamespace &&
-                message->fds.size() == 1) {
+                message->fds.size() == 1 &&
+                ::ioctl(message->fds[0].get(), NS_GET_NSTYPE) == CLONE_NEWNS) {
                 sandbox.mount_namespace = std::move(message->fds[0]);
             }
             if (!sandbox.awaits_request) sandbox.channel.reset();
@@ -309,10 +355,8 @@ class WarmSupervisor {
         }
         send_fd_message(context_.control_fd, MessageTag::kReport,
                         report_to_json(key, report).dump(), {}, "cannot report to the server");
-        // Only now, the report sent, its unmounts (and their waits for RCU grace periods). Here,
-        // not on a thread: sandboxes are started with a raw clone, whose child would inherit
-        // any lock of libc such a thread held at that moment.
-        sandbox.mount_namespace.reset();
+        // Only now, the report sent, its unmounts, elsewhere.
+        releaser_.release(std::move(sandbox.mount_namespace));
     }
 
     void handle(FdMessage& message) {
@@ -441,6 +485,7 @@ class WarmSupervisor {
     ServerRecord* record_ = nullptr;
     int restarts_ = 0;
     std::map<uint64_t, RunningSandbox> sandboxes_;
+    MountNamespaceReleaser releaser_;
 };
 
 }  // namespace

@@ -445,6 +445,21 @@ def test_a_run_gets_its_requests_command_environment_workdir_stdio_and_cpu_time(
     assert spin["cpu_ms"] < 5000, spin
 
 
+@pytest.mark.parametrize("pool", [False, True], ids=["fresh", "pooled"])
+def test_a_tight_descriptor_limit_holds_and_still_lets_the_request_in(server, pool):
+    """--nofile 6: the payload gets that limit, pooled or not. A pooled payload waits for its
+    request with more descriptors open than a fresh one (its start signal, its status), so the
+    limit is set once the request's stdio has arrived: set before, the kernel would cut the
+    three descriptors off the request."""
+    srv = server("--nofile", "6", *(["--pool", "1"] if pool else []))
+    if pool:
+        time.sleep(1)
+    answer = srv.call({"id": "nofile", "op": "run", "command": ["sh", "-c", "ulimit -n; cat"],
+                       "stdin": "through\n"})
+    assert answer["exit_code"] == 0, answer
+    assert answer["stdout"] == "6\nthrough\n", answer
+
+
 def links_of_descriptors(pid):
     links = []
     for fd in os.listdir(f"/proc/{pid}/fd"):
@@ -459,9 +474,9 @@ def links_of_descriptors(pid):
                     reason="needs root: the server's supervisor is not dumpable, so its "
                            "descriptors and its sandboxes' namespaces are root's to read")
 def test_the_supervisor_holds_the_mount_namespace_of_each_live_sandbox_and_no_other(server):
-    """The supervisor takes each init's mount namespace, to tear it down only once the sandbox's
-    end is reported (runtime/init.h). One it kept after that would keep an ended sandbox's
-    writable layer in memory for good."""
+    """The supervisor takes each init's mount namespace, to have it torn down only once the
+    sandbox's end is reported (runtime/init.h), by a process of its own. One kept after that,
+    there or in that process, would keep an ended sandbox's writable layer in memory for good."""
     srv = server("--pool", "1")
     time.sleep(1)
     for index in range(3):
@@ -470,11 +485,20 @@ def test_the_supervisor_holds_the_mount_namespace_of_each_live_sandbox_and_no_ot
     time.sleep(1)  # the pool's refill
     supervisor = next(child for child in children(srv.proc.pid)
                       if any(link.endswith("/dev/fuse") for link in links_of_descriptors(child)))
-    inits = [child for child in children(supervisor)
-             if not any(link.endswith("/dev/fuse") for link in links_of_descriptors(child))]
+    own_namespace = os.readlink(f"/proc/{supervisor}/ns/mnt")
+    # Its children: the image server (it holds /dev/fuse), the process that releases ended
+    # sandboxes' namespaces (in the supervisor's own), and inits.
+    inits, helpers = [], []
+    for child in children(supervisor):
+        links = links_of_descriptors(child)
+        if any(link.endswith("/dev/fuse") for link in links):
+            continue
+        (helpers if os.readlink(f"/proc/{child}/ns/mnt") == own_namespace else inits).append(child)
     held = sorted(link for link in links_of_descriptors(supervisor) if link.startswith("mnt:"))
     assert len(inits) == 1, inits  # the pooled sandbox, waiting
     assert held == [os.readlink(f"/proc/{inits[0]}/ns/mnt")]
+    assert len(helpers) == 1, helpers
+    assert not [link for link in links_of_descriptors(helpers[0]) if link.startswith("mnt:")]
 
 
 def test_session_code_holds_only_stdio_and_its_drivers_channel(server):

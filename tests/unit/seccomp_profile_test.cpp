@@ -346,7 +346,9 @@ TEST(SeccompProfile, BuiltinsAllowWhatAPayloadStartedEarlyDoesAfterItsFilter) {
         for (int nr : {SYS_read, SYS_write, SYS_close, SYS_openat, SYS_fstat, SYS_newfstatat,
                        SYS_chdir, SYS_mmap, SYS_munmap, SYS_brk, SYS_landlock_create_ruleset,
                        SYS_landlock_add_rule, SYS_landlock_restrict_self, SYS_close_range,
-                       SYS_access, SYS_faccessat, SYS_faccessat2, SYS_execve, SYS_exit_group}) {
+                       SYS_access, SYS_faccessat, SYS_faccessat2, SYS_execve, SYS_exit_group,
+                       // a pooled sandbox's payload: its request, with its stdio, onto 0-2
+                       SYS_recvmsg, SYS_dup2, SYS_dup3}) {
             EXPECT_EQ(answer(filter, nr), kAllow) << "system call " << nr;
         }
         // setrlimit is prlimit64 on the calling process (pid 0).
