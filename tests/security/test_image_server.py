@@ -47,7 +47,9 @@ def status_fields(pid):
 
 def find_image_server(launcher_pid):
     """The image server below the launcher (or sqbox serve): the supervisor's child that shares
-    the supervisor's pid namespace (init is PID 1 of a new one, so its NSpid has two ids)."""
+    the supervisor's pid namespace (init is PID 1 of a new one, so its NSpid has two ids) and is
+    under a seccomp filter of its own (serve's releaser of mount namespaces shares the pid
+    namespace too, unconfined like the supervisor)."""
     supervisors = children(launcher_pid)
     assert len(supervisors) == 1, f"the launcher's children: {supervisors}"
 
@@ -57,8 +59,14 @@ def find_image_server(launcher_pid):
         except OSError:  # gone meanwhile
             return 0
 
+    def confined(pid):
+        try:
+            return status_fields(pid)["Seccomp"] != "0"
+        except OSError:  # gone meanwhile
+            return False
+
     servers = [pid for pid in children(supervisors[0])
-               if nspid_depth(pid) == 1 and pid not in children(launcher_pid)]
+               if nspid_depth(pid) == 1 and confined(pid) and pid not in children(launcher_pid)]
     assert len(servers) == 1, f"the supervisor's children: {children(supervisors[0])}"
     return servers[0]
 
