@@ -246,12 +246,8 @@ void hand_mount_namespace_to_supervisor(int channel) {
 
 std::string await_request(int channel, SandboxConfig& config, SandboxPlan& plan) {
     std::optional<FdMessage> message = receive_fd_message(channel);
-    if (!message || message->tag != MessageTag::kGo || message->fds.size() != 3) ::_exit(0);
-    for (int fd = 0; fd < 3; ++fd) {
-        if (::dup2(message->fds[static_cast<size_t>(fd)].get(), fd) < 0) {
-            throw system_error("cannot set up the sandbox's stdio");
-        }
-    }
+    if (!is_request_with_stdio(message)) ::_exit(0);
+    install_request_stdio(*message);
     apply_pooled_request(message->text, config, plan);
     return std::move(message->text);
 }

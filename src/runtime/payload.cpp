@@ -116,14 +116,10 @@ void wait_until_root_ready(UniqueFd ready) {
 std::string wait_for_pooled_request(UniqueFd ready) {
     std::optional<FdMessage> message = receive_fd_message(ready.get());
     if (!message) ::_exit(kExitSqboxFailure);  // init failed, and reports why itself
-    if (message->tag != MessageTag::kGo || message->fds.size() != 3) {
+    if (!is_request_with_stdio(message)) {
         throw Error("the request reached the payload without its stdin, stdout and stderr");
     }
-    for (int fd = 0; fd < 3; ++fd) {
-        if (::dup2(message->fds[static_cast<size_t>(fd)].get(), fd) < 0) {
-            throw system_error("cannot set up the sandbox's stdio");
-        }
-    }
+    install_request_stdio(*message);
     return std::move(message->text);
 }
 

@@ -1,6 +1,7 @@
 #include "util/fd_passing.h"
 
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -94,6 +95,18 @@ std::optional<FdMessage> receive_fd_message(int socket_fd) {
 
 std::optional<FdMessage> receive_message_without_fds(int socket_fd, bool peek) {
     return receive_message(socket_fd, false, peek ? MSG_PEEK : 0);
+}
+
+bool is_request_with_stdio(const std::optional<FdMessage>& message) {
+    return message && message->tag == MessageTag::kGo && message->fds.size() == 3;
+}
+
+void install_request_stdio(const FdMessage& message) {
+    for (int fd = 0; fd < 3; ++fd) {
+        if (::dup2(message.fds.at(static_cast<size_t>(fd)).get(), fd) < 0) {
+            throw system_error("cannot set up the sandbox's stdio");
+        }
+    }
 }
 
 }  // namespace sqbox

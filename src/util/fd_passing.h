@@ -59,4 +59,11 @@ std::optional<FdMessage> receive_fd_message(int socket_fd);
 // drop sends no FLUSH and waits for nothing.
 std::optional<FdMessage> receive_message_without_fds(int socket_fd, bool peek = false);
 
+// A pooled sandbox's request (kGo), as init and a payload started early each receive it: its
+// text with the request's stdin, stdout and stderr attached, in that order.
+bool is_request_with_stdio(const std::optional<FdMessage>& message);
+
+// Puts a request's three descriptors on 0, 1 and 2 (its own copies are closed with `message`).
+void install_request_stdio(const FdMessage& message);
+
 }  // namespace sqbox
